@@ -1,0 +1,265 @@
+// Plans and recipes: presets, parsing and printing, the auto rule, recipe validation.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gmm/plan.hpp"
+#include "gmm/recipe.hpp"
+
+namespace gmm {
+namespace {
+
+// Runs `body`, expecting a gmm::Error whose message contains every one of `parts`.
+template <typename Body>
+void expect_error(Body&& body, const std::vector<std::string>& parts) {
+  try {
+    body();
+    ADD_FAILURE() << "no gmm::Error thrown";
+  } catch (const Error& e) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message \"" << e.what() << "\" lacks \"" << part << "\"";
+    }
+  }
+}
+
+const std::optional<Family> kChoices[] = {Family::v1, Family::v2, std::nullopt};
+
+std::string word(std::optional<Family> f) { return f ? std::string(name(*f)) : "auto"; }
+
+TEST(PlanPresets, AreTheDocumentedTriples) {
+  EXPECT_EQ(Plan::v1(), (Plan{Family::v1, Family::v1, Family::v1}));
+  EXPECT_EQ(Plan::v2(), (Plan{Family::v2, Family::v2, Family::v2}));
+  EXPECT_EQ(Plan::hybrid(), (Plan{Family::v2, Family::v1, Family::v2}));
+  EXPECT_EQ(Plan::automatic(), (Plan{std::nullopt, std::nullopt, std::nullopt}));
+  EXPECT_EQ(Plan::all_v2(true), Plan::v2());
+  EXPECT_EQ(Plan::all_v2(false), Plan::v1());
+  EXPECT_EQ(Plan{}, Plan::hybrid());
+}
+
+TEST(PlanParse, PresetNamesPrintBack) {
+  for (const char* text : {"v1", "v2", "hybrid", "auto"}) {
+    EXPECT_EQ(fmt::format("{}", Plan::parse(text)), text);
+  }
+  EXPECT_EQ(Plan::parse("hybrid"), Plan::hybrid());
+  EXPECT_EQ(Plan::parse("auto"), Plan::automatic());
+}
+
+TEST(PlanParse, EveryTripleParsesToItsChoicesAndRoundTrips) {
+  int non_presets = 0;
+  for (auto fwd : kChoices) {
+    for (auto dlhs : kChoices) {
+      for (auto drhs : kChoices) {
+        const std::string text = word(fwd) + "," + word(dlhs) + "," + word(drhs);
+        const Plan plan = Plan::parse(text);
+        EXPECT_EQ(plan.fwd, fwd) << text;
+        EXPECT_EQ(plan.dlhs, dlhs) << text;
+        EXPECT_EQ(plan.drhs, drhs) << text;
+        const std::string printed = fmt::format("{}", plan);
+        EXPECT_EQ(Plan::parse(printed), plan) << text << " printed as " << printed;
+        const bool preset = plan == Plan::v1() || plan == Plan::v2() || plan == Plan::hybrid() ||
+                            plan == Plan::automatic();
+        if (!preset) {
+          EXPECT_EQ(printed, text);
+          ++non_presets;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(non_presets, 27 - 4);
+}
+
+TEST(PlanParse, TriplesOfPresetsPrintAsThePresetName) {
+  EXPECT_EQ(fmt::format("{}", Plan::parse("v2,v1,v2")), "hybrid");
+  EXPECT_EQ(fmt::format("{}", Plan::parse("v1,v1,v1")), "v1");
+  EXPECT_EQ(fmt::format("{}", Plan::parse("v2,v2,v2")), "v2");
+  EXPECT_EQ(fmt::format("{}", Plan::parse("auto,auto,auto")), "auto");
+  EXPECT_EQ(fmt::format("{:>8}", Plan::v1()), "      v1");
+}
+
+TEST(PlanParse, RejectsAnythingElseNamingTheInput) {
+  for (const char* text : {"", "V1", "v3", "hybrid ", " v2", "v1,v2", "v1,v2,v2,v1", "v1,,v2",
+                           ",v1,v2", "v2,v1,v2,", "v1;v2;v2", "all", "v2, v1, v2", "1,2,2"}) {
+    SCOPED_TRACE(text);
+    expect_error([&] { Plan::parse(text); },
+                 {"gmm::Plan::parse", "\"v2,v1,v2\"", fmt::format("got \"{}\"", text)});
+  }
+}
+
+TEST(PlanAuto, DefaultRulePicksV2ForEveryPassAndShape) {
+  const PassShape shapes[] = {
+      {8, 8, 4096, 4096, false},      // decode: one row per expert
+      {256, 4096, 7168, 1024, true},  // dsv3-up: 16 rows per expert
+      {8, 4096, 4096, 4096, false},   // compute-bound
+      {64, 8192, 2048, 1408, true},   // skewed
+      {4, 0, 64, 64, true},           // no rows at all
+  };
+  for (const PassShape& shape : shapes) {
+    for (Pass pass : all_passes) {
+      EXPECT_EQ(auto_family(pass, shape), Family::v2);
+      EXPECT_EQ(Plan::automatic().family(pass, shape), Family::v2);
+    }
+  }
+}
+
+TEST(PlanAuto, ThresholdsSelectV1PerPassQuantizationAndShape) {
+  AutoThresholds t;
+  t.v1_max_rows_per_group[static_cast<int>(Pass::dlhs)][1] = 32;
+  t.v1_min_k = 1024;
+  t.v1_min_n = 512;
+  const PassShape few_rows{256, 4096, 2048, 1024, true};  // 16 rows per group
+  EXPECT_EQ(auto_family(Pass::dlhs, few_rows, t), Family::v1);
+  EXPECT_EQ(auto_family(Pass::fwd, few_rows, t), Family::v2);
+  EXPECT_EQ(auto_family(Pass::drhs, few_rows, t), Family::v2);
+  PassShape s = few_rows;
+  s.quantized = false;
+  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
+  s = few_rows;
+  s.rows = 256 * 33;
+  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
+  s.rows = 256 * 32;
+  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v1);
+  s = few_rows;
+  s.k = 1023;
+  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
+  s = few_rows;
+  s.n = 511;
+  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
+}
+
+TEST(PlanAuto, FixedChoicesIgnoreTheShape) {
+  const Plan plan = Plan::parse("v1,auto,v1");
+  const PassShape shape{4, 100, 64, 64, true};
+  EXPECT_EQ(plan.family(Pass::fwd, shape), Family::v1);
+  EXPECT_EQ(plan.family(Pass::dlhs, shape), auto_family(Pass::dlhs, shape));
+  EXPECT_EQ(plan.family(Pass::drhs, shape), Family::v1);
+}
+
+TEST(RecipePresets, NoneQuantizesNothing) {
+  const Recipe r = Recipe::none();
+  EXPECT_FALSE(r.weight || r.act || r.grad);
+  EXPECT_FALSE(r.quantizes());
+}
+
+TEST(RecipePresets, Fp8FullIsMaxTextsRule) {
+  const Recipe r = Recipe::fp8_full();
+  ASSERT_TRUE(r.weight && r.act && r.grad);
+  EXPECT_EQ(*r.weight, (QuantRule{QType::float8_e4m3fn, Calibration::absmax()}));
+  EXPECT_EQ(*r.act, (QuantRule{QType::float8_e4m3fn, Calibration::absmax()}));
+  EXPECT_EQ(*r.grad, (QuantRule{QType::float8_e5m2, Calibration::absmax()}));
+  EXPECT_EQ(r.weight_scale, WeightScale::per_channel_shared);
+  EXPECT_EQ(r.weight_block(8, 64, 32), (BlockShape{8, 64, 1}));
+  EXPECT_EQ(r.act_block_k, 0);
+  EXPECT_EQ(r.drhs_block_m, 0);
+}
+
+TEST(RecipePresets, Fp8StaticHasAFixedActivationScale) {
+  const Recipe r = Recipe::fp8_static(224.0f);
+  ASSERT_TRUE(r.act);
+  EXPECT_EQ(r.act->calibration.method, Calibration::Method::fixed);
+  EXPECT_EQ(r.act->calibration.static_scale(r.act->qtype), 0.5f);  // Qwix: fixed,224 -> 0.5
+  Recipe same_but_absmax = r;
+  same_but_absmax.act->calibration = Calibration::absmax();
+  EXPECT_EQ(same_but_absmax, Recipe::fp8_full());
+}
+
+TEST(RecipePresets, Fp8BlockwiseIsDeepSeekV3s) {
+  const Recipe r = Recipe::fp8_blockwise();
+  ASSERT_TRUE(r.weight && r.act && r.grad);
+  EXPECT_EQ(r.weight_block(4, 256, 512), (BlockShape{1, 128, 128}));
+  EXPECT_EQ(r.act_block_k, 128);
+  EXPECT_EQ(r.drhs_block_m, 128);
+  EXPECT_EQ(r.grad->qtype, QType::float8_e4m3fn);
+}
+
+TEST(RecipePresets, WeightLayouts) {
+  Recipe r = Recipe::fp8_full();
+  r.weight_scale = WeightScale::per_tensor;
+  EXPECT_EQ(r.weight_block(4, 64, 32), (BlockShape{4, 64, 32}));
+  r.weight_scale = WeightScale::per_channel;
+  EXPECT_EQ(r.weight_block(4, 64, 32), (BlockShape{1, 64, 1}));
+  r.weight_scale = WeightScale::blockwise;
+  r.weight_block_k = 16;
+  r.weight_block_n = 8;
+  EXPECT_EQ(r.weight_block(4, 64, 32), (BlockShape{1, 16, 8}));
+}
+
+TEST(RecipeParse, PresetNamesRoundTrip) {
+  for (const char* text :
+       {"none", "fp8_full", "fp8_blockwise", "fp8_static(224)", "fp8_static(0.5)"}) {
+    EXPECT_EQ(fmt::format("{}", Recipe::parse(text)), text);
+  }
+  EXPECT_EQ(Recipe::parse("fp8_full"), Recipe::fp8_full());
+  EXPECT_EQ(Recipe::parse("fp8_static(224)"), Recipe::fp8_static(224.0f));
+  EXPECT_EQ(Recipe::parse("fp8_static(-224,224)"), Recipe::fp8_static(224.0f));  // Qwix syntax
+}
+
+TEST(RecipeParse, RejectsAnythingElse) {
+  for (const char* text : {"", "fp8", "FP8_FULL", "fp8_static", "fp8_static()", "fp8_static(224",
+                           "fp8_full ", "int8"}) {
+    SCOPED_TRACE(text);
+    expect_error([&] { Recipe::parse(text); },
+                 {"gmm::Recipe::parse", "fp8_static(MAX)", fmt::format("\"{}\"", text)});
+  }
+  for (const char* text :
+       {"fp8_static(abc)", "fp8_static(inf)", "fp8_static(-3)", "fp8_static(-200,224)"}) {
+    SCOPED_TRACE(text);
+    expect_error([&] { Recipe::parse(text); }, {"gmm::Calibration"});
+  }
+}
+
+TEST(RecipeDescribe, CustomRecipesPrintEveryField) {
+  Recipe r = Recipe::fp8_blockwise();
+  r.grad = QuantRule{QType::float8_e5m2, Calibration::absmax()};
+  EXPECT_EQ(fmt::format("{}", r),
+            "weight float8_e4m3fn absmax blockwise 128x128; act float8_e4m3fn absmax 1x128; grad "
+            "float8_e5m2 absmax; drhs blocks 128x1");
+  EXPECT_EQ(Recipe::fp8_full().describe(),
+            "weight float8_e4m3fn absmax per_channel_shared; act float8_e4m3fn absmax per row; "
+            "grad float8_e5m2 absmax; drhs blocks whole M");
+  EXPECT_EQ(Recipe::none().describe(),
+            "weight unquantized; act unquantized; grad unquantized; drhs blocks whole M");
+}
+
+TEST(RecipeValidate, PresetsAreValid) {
+  for (const Recipe& r :
+       {Recipe::none(), Recipe::fp8_full(), Recipe::fp8_static(224.0f), Recipe::fp8_blockwise()}) {
+    EXPECT_NO_THROW(r.validate()) << r.to_string();
+  }
+}
+
+TEST(RecipeValidate, RefusesCombinationsItCannotHonour) {
+  Recipe r = Recipe::fp8_full();
+  r.weight->calibration = Calibration::fixed(2.0f);
+  expect_error([&] { r.validate(); },
+               {"gmm::Recipe", "weight_scale", "per_tensor", "per_channel_shared"});
+  r.weight_scale = WeightScale::per_tensor;
+  EXPECT_NO_THROW(r.validate());
+
+  r = Recipe::fp8_blockwise();
+  r.act->calibration = Calibration::fixed(8.0f);
+  expect_error([&] { r.validate(); }, {"act_block_k", "fixed", "got 128"});
+  r.act_block_k = 0;
+  EXPECT_NO_THROW(r.validate());
+
+  r = Recipe::fp8_full();
+  r.grad->calibration = Calibration::fixed(8.0f);
+  expect_error([&] { r.validate(); }, {"grad calibration", "absmax", "fixed,8"});
+
+  r = Recipe::fp8_full();
+  r.act_block_k = -1;
+  expect_error([&] { r.validate(); }, {"act_block_k", "got -1"});
+  r = Recipe::fp8_full();
+  r.drhs_block_m = -128;
+  expect_error([&] { r.validate(); }, {"drhs_block_m", "got -128"});
+  r = Recipe::fp8_blockwise();
+  r.weight_block_n = 0;
+  expect_error([&] { r.validate(); }, {"weight_block_k x weight_block_n", "128 x 0"});
+
+  r = Recipe::fp8_static(1e-30f);  // scale 1e-30 / 448 is below sqrt(FLT_MIN)
+  expect_error([&] { r.validate(); }, {"sqrt(FLT_MIN)"});
+}
+
+}  // namespace
+}  // namespace gmm
