@@ -1,12 +1,120 @@
-// Kernel family v2: tgmm (placeholder until the family lands; every call throws).
+// Kernel family v2: tgmm (drhs, out[g] = lhs[rows_g]^T @ rhs[rows_g]) as one fused, blocked pass.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
+
+#include "gmm/core/parallel.hpp"
 #include "gmm/core/problem.hpp"
+#include "gmm/kernels/cpu.hpp"
+#include "gmm/kernels/select.hpp"
+#include "gmm/v2/driver.hpp"
 
 namespace gmm::v2 {
 
-inline void tgmm(const TgmmProblem&, const Options&) {
-  throw Error("gmm::v2::tgmm: not implemented yet");
+namespace detail {
+
+// Scales of a tgmm operand [M, cols] seen with lanes = its columns and contraction = M: quantized
+// in the kernel ({block x 1} absmax or fixed), stored by the caller, or none.
+inline SideScales tgmm_side_scales(const Matrix& x, const std::optional<QuantSpec>& quantize,
+                                   std::int64_t m) {
+  SideScales s;
+  if (quantize) {
+    if (quantize->calibration.method == Calibration::Method::fixed) {
+      s.kind = SideScales::Kind::fixed;
+      s.fixed = quantize->calibration.static_scale(quantize->qtype);
+    } else {
+      s.kind = SideScales::Kind::absmax;
+      s.quant_block = quantize->block;
+      s.k_extent = m;
+    }
+  } else if (is_quantized(x.dtype)) {
+    const BlockShape& b = x.scales.block;
+    s.kind = SideScales::Kind::stored;
+    s.data = x.scales.data;
+    s.lane_block = b.cols;
+    s.lane_step = 1;
+    s.k_block = b.rows;
+    s.k_step = x.cols / b.cols;
+  }
+  return s;
+}
+
+inline Side tgmm_side(const Matrix& x, const std::optional<QuantSpec>& quantize, std::int64_t m) {
+  kernels::PanelSource source{x.data,
+                              x.dtype,
+                              1,
+                              x.row_stride,
+                              quantize.has_value(),
+                              quantize ? quantize->qtype : QType::float8_e4m3fn};
+  return {source, tgmm_side_scales(x, quantize, m)};
+}
+
+inline OperandTrace tgmm_operand_trace(const Matrix& x, const std::optional<QuantSpec>& quantize,
+                                       std::int64_t m) {
+  if (quantize) {
+    const bool fixed = quantize->calibration.method == Calibration::Method::fixed;
+    return {dtype_of(quantize->qtype), true,
+            fixed ? BlockShape{1, m, x.cols} : BlockShape{1, quantize->block, 1}, "in kernel"};
+  }
+  return {x.dtype, is_quantized(x.dtype), x.scales.block, is_quantized(x.dtype) ? "caller" : ""};
+}
+
+}  // namespace detail
+
+inline void tgmm(const TgmmProblem& p, const Options& options) {
+  const Isa isa = kernels::resolve_isa("gmm::v2::tgmm", options.isa);
+  detail::Product product;
+  product.kit =
+      kernels::select_kit(isa, detail::exact_in_bf16(p.lhs.dtype, p.quantize_lhs.has_value()) &&
+                                   detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
+  product.tiles = detail::resolve_tiles(product.kit, options.tiles);
+  product.n = p.n;
+  product.segment = p.m_segment;
+  product.out_dtype = p.out.dtype;
+  product.out_row_stride = p.out.row_stride;
+  product.accumulate = p.accumulate;
+
+  const detail::Side lhs = detail::tgmm_side(p.lhs, p.quantize_lhs, p.m);
+  const detail::Side rhs = detail::tgmm_side(p.rhs, p.quantize_rhs, p.m);
+  const std::int64_t element = static_cast<std::int64_t>(size_of(p.out.dtype));
+  for (std::int64_t g = 0; g < p.groups.count(); ++g) {
+    auto* block = static_cast<unsigned char*>(p.out.data) + g * p.out.group_stride * element;
+    if (p.groups.size(g) == 0) {  // an empty group's block is exact zeros
+      if (!p.accumulate) {
+        for (std::int64_t k = 0; k < p.k; ++k) {
+          std::memset(block + k * p.out.row_stride * element, 0,
+                      static_cast<std::size_t>(p.n * element));
+        }
+      }
+      continue;
+    }
+    detail::Job job;
+    job.a = lhs;
+    job.b = rhs;
+    job.a_begin = 0;
+    job.a_end = p.k;
+    job.k_begin = p.groups.begin[g];
+    job.k_end = p.groups.end[g];
+    job.out = block;
+    if (p.k > 0 && p.n > 0) product.jobs.push_back(job);
+  }
+  int threads_used = 1;
+  const std::int64_t extra_bytes =
+      detail::run_product(product, resolve_threads(options.threads), &threads_used);
+
+  if (options.trace != nullptr) {
+    CallTrace& t = *options.trace;
+    t = CallTrace{};
+    t.op = "tgmm";
+    t.family = Family::v2;
+    t.isa = product.kit.isa;
+    t.tiles = product.tiles;
+    t.threads = threads_used;
+    t.extra_bytes = extra_bytes;
+    t.lhs = detail::tgmm_operand_trace(p.lhs, p.quantize_lhs, p.m);
+    t.rhs = detail::tgmm_operand_trace(p.rhs, p.quantize_rhs, p.m);
+  }
 }
 
 }  // namespace gmm::v2

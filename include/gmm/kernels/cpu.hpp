@@ -1,0 +1,106 @@
+// CPU feature detection (cpuid + xgetbv) and the choice of micro-kernel ISA (Options::isa,
+// GMM_ISA).
+#pragma once
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "gmm/core/error.hpp"
+#include "gmm/core/options.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GMM_KERNELS_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define GMM_KERNELS_X86 0
+#endif
+
+namespace gmm::kernels {
+
+// What the running CPU and OS can execute; each flag already includes OS support of the
+// register state (xgetbv) and every companion extension the path's kernels use.
+struct CpuFeatures {
+  bool avx2 = false;        // AVX2 + FMA, ymm state enabled
+  bool avx512f = false;     // AVX-512 F/BW/DQ/VL, zmm and opmask state enabled
+  bool avx512bf16 = false;  // avx512f plus AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16)
+};
+
+inline CpuFeatures detect_cpu_features() {
+  CpuFeatures f;
+#if GMM_KERNELS_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid(1, a, b, c, d);
+  const bool osxsave = c & (1u << 27), fma = c & (1u << 12);
+  if (!osxsave) return f;
+  unsigned xcr0_low = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  const bool ymm_state = (xcr0_low & 0x6u) == 0x6u;
+  const bool zmm_state = (xcr0_low & 0xE6u) == 0xE6u;
+  __cpuid_count(7, 0, a, b, c, d);
+  const unsigned max_subleaf = a;
+  const bool avx2 = b & (1u << 5);
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
+  bool bf16 = false;
+  if (max_subleaf >= 1) {
+    __cpuid_count(7, 1, a, b, c, d);
+    bf16 = a & (1u << 5);
+  }
+  f.avx2 = ymm_state && avx2 && fma;
+  f.avx512f = f.avx2 && zmm_state && avx512;
+  f.avx512bf16 = f.avx512f && bf16;
+#endif
+  return f;
+}
+
+inline const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect_cpu_features();
+  return features;
+}
+
+inline bool isa_supported(Isa isa, const CpuFeatures& f = cpu_features()) {
+  switch (isa) {
+    case Isa::automatic:
+    case Isa::scalar:
+      return true;
+    case Isa::avx2:
+      return f.avx2;
+    case Isa::avx512f:
+      return f.avx512f;
+    case Isa::avx512bf16:
+      return f.avx512bf16;
+  }
+  return false;
+}
+
+// The widest path this CPU supports.
+inline Isa best_isa(const CpuFeatures& f = cpu_features()) {
+  return f.avx512bf16 ? Isa::avx512bf16
+         : f.avx512f  ? Isa::avx512f
+         : f.avx2     ? Isa::avx2
+                      : Isa::scalar;
+}
+
+// The ISA a call runs: Options::isa when set, else the GMM_ISA environment variable (scalar,
+// avx2, avx512f, avx512bf16) when set, else the widest supported. Forcing a path the CPU lacks,
+// or an unknown GMM_ISA value, is a gmm::Error.
+inline Isa resolve_isa(const char* where, Isa requested) {
+  Isa isa = requested;
+  if (isa == Isa::automatic) {
+    const char* env = std::getenv("GMM_ISA");
+    if (env == nullptr || *env == '\0') return best_isa();
+    const std::string_view text(env);
+    for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16}) {
+      if (text == name(candidate)) isa = candidate;
+    }
+    detail::require(isa != Isa::automatic, where, "GMM_ISA",
+                    "one of scalar, avx2, avx512f, avx512bf16", text);
+  }
+  detail::require(isa_supported(isa), where, "isa", "an instruction set this CPU supports",
+                  name(isa));
+  return isa;
+}
+
+}  // namespace gmm::kernels

@@ -1,0 +1,87 @@
+// Portable path: the element-by-element packer every format can use and the scalar fp32 kernel.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <cstring>
+
+#include "gmm/core/dtype.hpp"
+#include "gmm/core/qvalue.hpp"
+#include "gmm/kernels/format.hpp"
+
+namespace gmm::kernels {
+
+// Exact value of element (lane, k) of a source as it enters the product: the stored value, or
+// its quantized value (core/qvalue.hpp rules, without the scale) when quantizing in the kernel.
+inline float source_value(const PanelSource& s, std::int64_t lane, std::int64_t k,
+                          float lane_scale) {
+  const float x = load_as_float(s.data, s.dtype, lane * s.lane_stride + k * s.k_stride);
+  if (!s.quantize) return x;
+  return detail::dequantize_value(detail::quantize_value(x, lane_scale, s.qtype), s.qtype);
+}
+
+// bf16 bits of a value exactly representable in bf16 (NaN stays NaN).
+inline std::uint16_t bf16_bits(float x) {
+  return Eigen::numext::bit_cast<std::uint16_t>(bfloat16(x));
+}
+
+// Packs a panel element by element: any dtype, any strides, in-kernel quantization included.
+template <PackedElement kElement, int kDepth>
+void pack_reference(const PanelSource& source, int width, std::int64_t lane0, std::int64_t lanes,
+                    std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
+  const std::int64_t steps = (kc + kDepth - 1) / kDepth;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    for (int w = 0; w < width; ++w) {
+      for (int d = 0; d < kDepth; ++d) {
+        const std::int64_t k = s * kDepth + d;
+        const float value =
+            (w < lanes && k < kc) ? source_value(source, lane0 + w, k0 + k, lane_scales[w]) : 0.0f;
+        const std::int64_t index = (s * width + w) * kDepth + d;
+        if constexpr (kElement == PackedElement::f32) {
+          static_cast<float*>(out)[index] = value;
+        } else {
+          static_cast<std::uint16_t*>(out)[index] = bf16_bits(value);
+        }
+      }
+    }
+  }
+}
+
+// Applies the micro-kernel epilogue to one accumulator element.
+inline void store_tile_element(float* c, float acc, float row_scale, float col_scale, bool first) {
+  const float scaled = acc * row_scale * col_scale;
+  *c = first ? scaled : *c + scaled;
+}
+
+// Scalar fp32 micro-kernel: kMr x kNr accumulators, one contraction step per packed block.
+template <int kMr, int kNr>
+void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_packed, float* c,
+                       std::int64_t ldc, const float* row_scales, const float* col_scales,
+                       bool first) {
+  const float* a = static_cast<const float*>(a_packed);
+  const float* b = static_cast<const float*>(b_packed);
+  float acc[kMr][kNr] = {};
+  for (std::int64_t s = 0; s < steps; ++s, a += kMr, b += kNr) {
+    for (int i = 0; i < kMr; ++i) {
+      for (int j = 0; j < kNr; ++j) acc[i][j] += a[i] * b[j];
+    }
+  }
+  for (int i = 0; i < kMr; ++i) {
+    for (int j = 0; j < kNr; ++j) {
+      store_tile_element(c + i * ldc + j, acc[i][j], row_scales[i], col_scales[j], first);
+    }
+  }
+}
+
+// The portable path: fp32 values (bf16 / fp8 / int8 widened exactly) and the scalar kernel.
+inline KernelKit scalar_kit() {
+  KernelKit kit;
+  kit.isa = Isa::scalar;
+  kit.format = {PackedElement::f32, 4, 16, 1};
+  kit.pack = pack_reference<PackedElement::f32, 1>;
+  kit.kernel = kernel_scalar_f32<4, 16>;
+  kit.tiles = {64, 256, 256};
+  return kit;
+}
+
+}  // namespace gmm::kernels

@@ -1,0 +1,36 @@
+// Picks the kernel kit of an ISA path for a problem's data: bf16 dot product or fp32 FMA.
+#pragma once
+
+#include "gmm/kernels/avx2.hpp"
+#include "gmm/kernels/avx512.hpp"
+#include "gmm/kernels/cpu.hpp"
+#include "gmm/kernels/format.hpp"
+#include "gmm/kernels/reference.hpp"
+
+namespace gmm::kernels {
+
+// The kit an ISA path runs. `bf16_exact` says both operands enter the product exactly
+// representable in bf16 (bf16, fp8, int8, or quantized in the kernel); otherwise (an fp32
+// operand) the fp32 FMA kernel of the widest fp32 path at or below `isa` runs, so fp32 values are
+// never rounded. The kit's `isa` is the path whose kernel actually runs.
+inline KernelKit select_kit(Isa isa, bool bf16_exact) {
+#if GMM_KERNELS_X86
+  switch (isa) {
+    case Isa::avx512bf16:
+      return bf16_exact ? avx512bf16_kit() : avx512f_kit();
+    case Isa::avx512f:
+      return avx512f_kit();
+    case Isa::avx2:
+      return avx2_kit();
+    case Isa::automatic:
+    case Isa::scalar:
+      break;
+  }
+#else
+  (void)isa;
+  (void)bf16_exact;
+#endif
+  return scalar_kit();
+}
+
+}  // namespace gmm::kernels
