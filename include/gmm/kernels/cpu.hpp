@@ -86,11 +86,12 @@ inline Isa best_isa(const CpuFeatures& f = cpu_features()) {
 // The ISA a call runs: Options::isa when set, else the GMM_ISA environment variable (scalar,
 // avx2, avx512f, avx512bf16) when set, else the widest supported. Forcing a path the CPU lacks,
 // or an unknown GMM_ISA value, is a gmm::Error.
-inline Isa resolve_isa(const char* where, Isa requested) {
+inline Isa resolve_isa(const char* where, Isa requested,
+                       const CpuFeatures& features = cpu_features()) {
   Isa isa = requested;
   if (isa == Isa::automatic) {
     const char* env = std::getenv("GMM_ISA");
-    if (env == nullptr || *env == '\0') return best_isa();
+    if (env == nullptr || *env == '\0') return best_isa(features);
     const std::string_view text(env);
     for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16}) {
       if (text == name(candidate)) isa = candidate;
@@ -98,8 +99,8 @@ inline Isa resolve_isa(const char* where, Isa requested) {
     detail::require(isa != Isa::automatic, where, "GMM_ISA",
                     "one of scalar, avx2, avx512f, avx512bf16", text);
   }
-  detail::require(isa_supported(isa), where, "isa", "an instruction set this CPU supports",
-                  name(isa));
+  detail::require(isa_supported(isa, features), where, "isa",
+                  "an instruction set this CPU supports", name(isa));
   return isa;
 }
 

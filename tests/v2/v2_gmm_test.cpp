@@ -1,0 +1,173 @@
+// v2 gmm (forward and dlhs) against the fp64 oracle on every ISA path this CPU runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "v2/v2_cases.hpp"
+
+namespace gmm::test::v2 {
+namespace {
+
+class V2Gmm : public ::testing::TestWithParam<Isa> {};
+
+// Every shape x recipe once, rotating output dtype, accumulate and transpose_rhs.
+TEST_P(V2Gmm, ShapesTimesRecipes) {
+  Rng rng(101);
+  int variant = 0;
+  for (const CaseShape& s : shape_taxonomy()) {
+    for (const GmmRecipe& r : gmm_recipes()) {
+      Options o = make_options(GetParam(), s);
+      o.transpose_rhs = variant & 1;
+      o.accumulate = variant & 2;
+      const DType out = (variant / 4) % 2 ? DType::bf16 : DType::f32;
+      ++variant;
+      EXPECT_TRUE(run_gmm_case(rng, s, r, o, out))
+          << s.label << " x " << r.label << " transpose=" << o.transpose_rhs
+          << " accumulate=" << o.accumulate << " out=" << name(out);
+    }
+  }
+}
+
+// Forward and dlhs of the fp8 training recipe with 1 x 128 (DeepSeek) and whole-row blocks on a
+// shape several tiles wide in every direction.
+TEST_P(V2Gmm, Fp8RecipeAcrossTiles) {
+  Rng rng(202);
+  const CaseShape s{"tiles", 300, 256, 136, {100, 0, 77, 123}, 0, 0, {32, 64, 64}};
+  for (std::int64_t block : {128, 256}) {
+    for (bool transpose : {false, true}) {
+      const GmmRecipe r{"fp8",
+                        {DType::bf16, {}, dynamic(QType::float8_e4m3fn, block)},
+                        {DType::float8_e4m3fn, {1, 0, 1}}};
+      Options o = make_options(GetParam(), s);
+      o.transpose_rhs = transpose;
+      EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::bf16)) << block << " " << transpose;
+    }
+  }
+}
+
+// The trace names the path, family, tiles and what quantized each operand.
+TEST_P(V2Gmm, TraceSaysWhatRan) {
+  Rng rng(303);
+  const CaseShape s{"trace", 20, 64, 48, {12, 8}};
+  const GmmRecipe r{
+      "fp8", {DType::f32, {}, dynamic(QType::float8_e4m3fn, 32)}, {DType::float8_e5m2, {1, 0, 1}}};
+  CallTrace trace;
+  Options o = make_options(GetParam(), s);
+  o.trace = &trace;
+  ASSERT_TRUE(run_gmm_case(rng, s, r, o, DType::f32));
+  EXPECT_EQ(trace.op, "gmm");
+  EXPECT_EQ(trace.family, Family::v2);
+  EXPECT_EQ(trace.isa, GetParam());
+  EXPECT_GT(trace.tiles.m, 0);
+  EXPECT_EQ(trace.threads, 2);
+  EXPECT_EQ(trace.lhs.dtype, DType::float8_e4m3fn);
+  EXPECT_TRUE(trace.lhs.quantized);
+  EXPECT_EQ(trace.lhs.block, (BlockShape{1, 1, 32}));
+  EXPECT_EQ(trace.lhs.quantized_by, "in kernel");
+  EXPECT_EQ(trace.rhs.dtype, DType::float8_e5m2);
+  EXPECT_EQ(trace.rhs.quantized_by, "caller");
+  EXPECT_GT(trace.extra_bytes, 0);
+
+  // fp32 operands never take the bf16 dot product: the fp32 FMA kernel of the path runs.
+  const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
+  ASSERT_TRUE(run_gmm_case(rng, s, f32, o, DType::f32));
+  EXPECT_EQ(trace.isa, GetParam() == Isa::avx512bf16 ? Isa::avx512f : GetParam());
+  EXPECT_FALSE(trace.lhs.quantized);
+  EXPECT_EQ(trace.lhs.quantized_by, "");
+}
+
+// The result does not depend on the number of threads, bit for bit.
+TEST_P(V2Gmm, SameBitsForAnyThreadCount) {
+  const CaseShape s{"threads", 203, 96, 150, {50, 0, 3, 150}, 0, 0, {16, 32, 32}};
+  const GmmRecipe r{"fp8",
+                    {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 32)},
+                    {DType::float8_e4m3fn, {1, 0, 1}}};
+  OwnedOutput first;
+  for (int threads : {1, 2, 3, 5}) {
+    Rng rng(404);
+    OwnedOutput got;
+    ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::bf16, &got));
+    if (threads == 1) {
+      first = got;
+    } else {
+      EXPECT_TRUE(same_bits(first, got)) << threads << " threads";
+    }
+  }
+}
+
+// A NaN in one group's rows stays in those rows (per-row quantization included).
+TEST_P(V2Gmm, NanStaysInItsGroup) {
+  for (bool quantize : {false, true}) {
+    Rng rng(505);
+    const std::int64_t m = 30, k = 40, n = 36;
+    const std::vector<std::int32_t> sizes{10, 12, 8};
+    OwnedMatrix lhs = random_matrix(rng, DType::bf16, m, k);
+    lhs.set(0, 4, 17, std::numeric_limits<float>::quiet_NaN());
+    const OwnedMatrix rhs = random_grouped(rng, DType::float8_e4m3fn, 3, k, n, {1, 0, 1});
+    Options o;
+    o.isa = GetParam();
+    o.tiles = {16, 16, 32};
+    if (quantize) o.quantize_lhs = dynamic(QType::float8_e4m3fn, 20);
+    OwnedOutput got;
+    ASSERT_TRUE(check_gmm(lhs.view(), rhs.grouped_view(), sizes,
+                          make_output(DType::f32, 1, m, n, 0.0f), o, &got));
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t c = 0; c < n; ++c) {
+        EXPECT_EQ(std::isnan(got.at(0, r, c)), r == 4) << r << "," << c;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, V2Gmm, ::testing::ValuesIn(supported_isas()), isa_param_name);
+
+// Forcing a path the CPU lacks, or an unknown GMM_ISA, is a gmm::Error.
+TEST(V2Isa, ForcingAMissingPathThrows) {
+  const kernels::CpuFeatures none;
+  EXPECT_EQ(kernels::resolve_isa("test", Isa::scalar, none), Isa::scalar);
+  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16}) {
+    EXPECT_THROW(kernels::resolve_isa("test", isa, none), Error) << name(isa);
+  }
+  const kernels::CpuFeatures avx2_only{true, false, false};
+  EXPECT_THROW(kernels::resolve_isa("test", Isa::avx512f, avx2_only), Error);
+  EXPECT_EQ(kernels::resolve_isa("test", Isa::automatic, avx2_only), Isa::avx2);
+}
+
+TEST(V2Isa, EnvironmentForcesAPath) {
+  Rng rng(606);
+  const CaseShape s{"env", 8, 16, 16, {8}};
+  const GmmRecipe r{"bf16", {DType::bf16}, {DType::bf16}};
+  CallTrace trace;
+  Options o;
+  o.trace = &trace;
+  ASSERT_EQ(setenv("GMM_ISA", "scalar", 1), 0);
+  EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::f32));
+  EXPECT_EQ(trace.isa, Isa::scalar);
+  ASSERT_EQ(setenv("GMM_ISA", "avx1024", 1), 0);
+  EXPECT_THROW(run_gmm_case(rng, s, r, o, DType::f32), Error);
+  o.isa = Isa::scalar;  // the option wins over the environment
+  EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::f32));
+  ASSERT_EQ(unsetenv("GMM_ISA"), 0);
+  o.isa = Isa::automatic;
+  EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::f32));
+  EXPECT_EQ(trace.isa, kernels::best_isa());
+}
+
+TEST(V2Isa, ThrowsBeforeWriting) {
+  const std::vector<float> x(4, 1.0f);
+  std::vector<float> out(4, 5.0f);
+  Options o;
+  o.isa = Isa::avx512bf16;
+  if (kernels::isa_supported(Isa::avx512bf16)) o.isa = Isa::automatic;
+  ASSERT_EQ(setenv("GMM_ISA", "bogus", 1), 0);
+  const std::vector<std::int32_t> sizes{2};
+  EXPECT_THROW(gmm::gmm(view(x.data(), 2, 2), grouped_view(x.data(), 1, 2, 2), sizes,
+                        out_view(out.data(), 2, 2), o),
+               Error);
+  ASSERT_EQ(unsetenv("GMM_ISA"), 0);
+  for (float v : out) EXPECT_EQ(v, 5.0f);
+}
+
+}  // namespace
+}  // namespace gmm::test::v2

@@ -1,0 +1,109 @@
+// v2 tgmm (drhs) against the fp64 oracle on every ISA path this CPU runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "v2/v2_cases.hpp"
+
+namespace gmm::test::v2 {
+namespace {
+
+class V2Tgmm : public ::testing::TestWithParam<Isa> {};
+
+// Every shape x recipe once, rotating output dtype and accumulate.
+TEST_P(V2Tgmm, ShapesTimesRecipes) {
+  Rng rng(111);
+  int variant = 0;
+  for (const CaseShape& s : shape_taxonomy()) {
+    for (const TgmmRecipe& r : tgmm_recipes()) {
+      Options o = make_options(GetParam(), s);
+      o.accumulate = variant & 1;
+      const DType out = (variant / 2) % 2 ? DType::bf16 : DType::f32;
+      ++variant;
+      EXPECT_TRUE(run_tgmm_case(rng, s, r, o, out))
+          << s.label << " x " << r.label << " accumulate=" << o.accumulate << " out=" << name(out);
+    }
+  }
+}
+
+// drhs of the fp8 training recipe (both operands quantized in the kernel, blocks along M that
+// straddle group boundaries) on a shape several tiles wide.
+TEST_P(V2Tgmm, Fp8RecipeAcrossTiles) {
+  Rng rng(212);
+  const CaseShape s{"tiles", 512, 150, 130, {100, 0, 77, 235}, 0, 0, {32, 64, 48}};
+  for (std::int64_t block : {128, 512}) {
+    const TgmmRecipe r{"fp8",
+                       {DType::bf16, {}, dynamic(QType::float8_e4m3fn, block)},
+                       {DType::bf16, {}, dynamic(QType::float8_e5m2, block)}};
+    EXPECT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s), DType::f32)) << block;
+  }
+}
+
+TEST_P(V2Tgmm, TraceSaysWhatRan) {
+  Rng rng(313);
+  const CaseShape s{"trace", 20, 64, 48, {12, 8}};
+  const TgmmRecipe r{"fp8",
+                     {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 10)},
+                     {DType::bf16, {}, fixed(QType::float8_e5m2, 8.0f)}};
+  CallTrace trace;
+  Options o = make_options(GetParam(), s);
+  o.trace = &trace;
+  ASSERT_TRUE(run_tgmm_case(rng, s, r, o, DType::f32));
+  EXPECT_EQ(trace.op, "tgmm");
+  EXPECT_EQ(trace.family, Family::v2);
+  EXPECT_EQ(trace.isa, GetParam());
+  EXPECT_EQ(trace.lhs.dtype, DType::float8_e4m3fn);
+  EXPECT_EQ(trace.lhs.block, (BlockShape{1, 10, 1}));
+  EXPECT_EQ(trace.lhs.quantized_by, "in kernel");
+  EXPECT_EQ(trace.rhs.dtype, DType::float8_e5m2);
+  EXPECT_EQ(trace.rhs.block, (BlockShape{1, 20, 48}));
+  EXPECT_EQ(trace.rhs.quantized_by, "in kernel");
+  EXPECT_GT(trace.extra_bytes, 0);
+}
+
+TEST_P(V2Tgmm, SameBitsForAnyThreadCount) {
+  const CaseShape s{"threads", 200, 70, 90, {50, 0, 3, 147}, 0, 0, {16, 32, 32}};
+  const TgmmRecipe r{"fp8",
+                     {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 40)},
+                     {DType::bf16, {}, dynamic(QType::float8_e5m2, 40)}};
+  OwnedOutput first;
+  for (int threads : {1, 2, 3}) {
+    Rng rng(414);
+    OwnedOutput got;
+    ASSERT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::f32, &got));
+    if (threads == 1) {
+      first = got;
+    } else {
+      EXPECT_TRUE(same_bits(first, got)) << threads << " threads";
+    }
+  }
+}
+
+// A NaN in one group's rows only reaches that group's block.
+TEST_P(V2Tgmm, NanStaysInItsGroup) {
+  Rng rng(515);
+  const std::int64_t m = 30, k = 20, n = 18;
+  const std::vector<std::int32_t> sizes{10, 12, 8};
+  OwnedMatrix lhs = random_matrix(rng, DType::bf16, m, k);
+  lhs.set(0, 14, 3, std::numeric_limits<float>::quiet_NaN());
+  const OwnedMatrix rhs = random_matrix(rng, DType::bf16, m, n);
+  Options o;
+  o.isa = GetParam();
+  o.tiles = {16, 8, 16};
+  OwnedOutput got;
+  ASSERT_TRUE(
+      check_tgmm(lhs.view(), rhs.view(), sizes, make_output(DType::f32, 3, k, n, 0.0f), o, &got));
+  for (std::int64_t g = 0; g < 3; ++g) {
+    for (std::int64_t r = 0; r < k; ++r) {
+      for (std::int64_t c = 0; c < n; ++c) {
+        EXPECT_EQ(std::isnan(got.at(g, r, c)), g == 1 && r == 3) << g << "," << r << "," << c;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, V2Tgmm, ::testing::ValuesIn(supported_isas()), isa_param_name);
+
+}  // namespace
+}  // namespace gmm::test::v2
