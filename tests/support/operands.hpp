@@ -82,9 +82,8 @@ struct OwnedMatrix {
     const std::int64_t block_rows = rows / block.rows, block_cols = cols / block.cols;
     return scales[((g / block.groups) * block_rows + r / block.rows) * block_cols + c / block.cols];
   }
-  Scales scale_view() const {
-    return is_quantized(dtype) ? Scales{scales.data(), block} : Scales{};
-  }
+  // The scales as a view: none when `scales` is empty (whatever the dtype).
+  Scales scale_view() const { return scales.empty() ? Scales{} : Scales{scales.data(), block}; }
   Matrix view() const { return {bytes.data(), dtype, rows, cols, row_stride, scale_view()}; }
   GroupedMatrix grouped_view() const {
     return {bytes.data(), dtype, groups, rows, cols, group_stride, row_stride, scale_view()};

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gmm/core/error.hpp"
+#include "gmm/core/problem.hpp"
 #include "gmm/core/view.hpp"
 
 namespace gmm {
@@ -105,6 +106,18 @@ inline GroupMetadata make_group_metadata(GroupSizes sizes, std::int64_t m, std::
   meta.m_tile_ids.assign(all_tile_ids.begin() + first,
                          all_tile_ids.begin() + first + meta.num_tiles);
   return meta;
+}
+
+// The metadata of a validated problem's local groups (`rows`, contiguous, of M rows): the rows
+// before them (experts of earlier shards) form one leading non-local group, which gives the
+// same visits as the global group sizes would. group_ids[i] - 1 is the local group of visit i.
+inline GroupMetadata make_group_metadata(const GroupRows& rows, std::int64_t m, std::int64_t tm,
+                                         bool visit_empty_groups) {
+  const std::int64_t local = rows.count();
+  std::vector<std::int32_t> sizes(static_cast<std::size_t>(local + 1));
+  sizes[0] = static_cast<std::int32_t>(local > 0 ? rows.begin[0] : 0);
+  for (std::int64_t g = 0; g < local; ++g) sizes[g + 1] = static_cast<std::int32_t>(rows.size(g));
+  return make_group_metadata(sizes, m, tm, 1, local, visit_empty_groups);
 }
 
 }  // namespace gmm
