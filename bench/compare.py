@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Summary of a gmm_bench run: one markdown table per pass, and a PNG chart (gnuplot).
+
+    bench/compare.py results.json [--chart docs/performance.png]
+    bench/compare.py --run build/release/bench/gmm_bench [--json out.json] [--chart c.png] \
+        [-- gmm_bench arguments, e.g. --quick]
+
+Rows are shape x recipe, columns the gmm families and the baselines; a family's cell is its
+GFLOP/s and its ratio to the row's best baseline (the baselines of the same recipe; for the fp8
+recipes, the naive fp8 path and oneDNN bf16, the unquantized alternative). Optional tool: tests
+and CI do not need it. Standard library only, plus gnuplot for the chart.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PASSES = ["fwd", "dlhs", "drhs"]
+FAMILIES = ["v1", "v2", "hybrid", "auto"]
+BASELINES = ["baseline-eigen", "baseline-openblas", "baseline-onednn", "baseline-naive-fp8"]
+RECIPES = ["fp32", "bf16", "fp8", "fp8-block", "fp8-static"]
+FP8_RECIPES = ["fp8", "fp8-block", "fp8-static"]
+
+
+def load(path):
+    """Returns (context, {(pass, family, recipe, shape): result dict})."""
+    with open(path) as f:
+        data = json.load(f)
+    results, shapes = {}, []
+    for b in data.get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        parts = b["name"].split("/")
+        if len(parts) < 4:
+            continue
+        key = tuple(parts[:4])
+        results[key] = b
+        if key[3] not in shapes:
+            shapes.append(key[3])
+    return data.get("context", {}), results, shapes
+
+
+def gflops(results, key):
+    b = results.get(key)
+    if b is None or b.get("error_occurred"):
+        return None
+    return b.get("GFLOP/s")
+
+
+def row_baselines(results, p, recipe, shape):
+    """(GFLOP/s, column label) of the baselines a row is compared with."""
+    found = []
+    for base in BASELINES:
+        v = gflops(results, (p, base, recipe, shape))
+        if v is not None:
+            found.append((v, base))
+    if recipe in FP8_RECIPES:
+        v = gflops(results, (p, "baseline-onednn", "bf16", shape))
+        if v is not None:
+            found.append((v, "baseline-onednn (bf16)"))
+    return found
+
+
+def fmt(v):
+    return "%.0f" % v if v >= 100 else "%.1f" % v if v >= 10 else "%.2f" % v
+
+
+def table(results, shapes, p):
+    families = [f for f in FAMILIES if any(k[1] == f and k[0] == p for k in results)]
+    baselines = [b for b in BASELINES if any(k[1] == b and k[0] == p for k in results)]
+    head = ["shape", "recipe"] + families + [b.replace("baseline-", "") for b in baselines]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes:
+        for recipe in RECIPES:
+            cells = [shape, recipe]
+            base = row_baselines(results, p, recipe, shape)
+            best = max(base)[0] if base else None
+            any_value = False
+            for f in families:
+                key = (p, f, recipe, shape)
+                v = gflops(results, key)
+                if v is None:
+                    cells.append("err" if key in results else "")
+                    continue
+                any_value = True
+                cells.append(fmt(v) + (" (%.2fx)" % (v / best) if best else ""))
+            for b in baselines:
+                v = gflops(results, (p, b, recipe, shape))
+                if v is not None:
+                    any_value = True
+                    cells.append(("**%s**" if v == best else "%s") % fmt(v))
+                else:
+                    cells.append("")
+            if any_value or any((p, f, recipe, shape) in results for f in families):
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def errors(results):
+    seen = {}
+    for key, b in results.items():
+        if b.get("error_occurred"):
+            seen.setdefault(b.get("error_message", "?"), []).append("/".join(key))
+    return seen
+
+
+def chart(results, shapes, context, path):
+    """Clustered bars per pass: the best gmm family per recipe against the best baselines."""
+    series = [
+        ("gmm fp32", lambda p, s: best_family(results, p, "fp32", s)),
+        ("gmm bf16", lambda p, s: best_family(results, p, "bf16", s)),
+        ("gmm fp8", lambda p, s: best_family(results, p, "fp8", s)),
+        ("gmm fp8-block", lambda p, s: best_family(results, p, "fp8-block", s)),
+        ("best fp32 baseline",
+         lambda p, s: max_or_none(gflops(results, (p, b, "fp32", s)) for b in BASELINES)),
+        ("oneDNN bf16", lambda p, s: gflops(results, (p, "baseline-onednn", "bf16", s))),
+        ("naive fp8", lambda p, s: gflops(results, (p, "baseline-naive-fp8", "fp8", s))),
+    ]
+    work = tempfile.mkdtemp(prefix="gmm_chart_")
+    for p in PASSES:
+        with open(os.path.join(work, p + ".dat"), "w") as f:
+            f.write("shape " + " ".join('"%s"' % name for name, _ in series) + "\n")
+            for s in shapes:
+                vals = [fn(p, s) for _, fn in series]
+                f.write(s + " " + " ".join("-" if v is None else "%.3f" % v for v in vals) + "\n")
+    title = "gmm\\_bench, %s threads, %s" % (context.get("gmm_threads", "?"),
+                                               context.get("date", "")[:10])
+    plots = []
+    for i, p in enumerate(PASSES):
+        cols = ", ".join(
+            "'%s' using %d:xtic(1) title %s" % (os.path.join(work, p + ".dat"), c + 2,
+                                                 "columnheader" if i == 0 else "''")
+            for c in range(len(series)))
+        plots.append("set title '%s'\nplot %s" % (p, cols))
+    script = "\n".join([
+        "set terminal pngcairo size 1400,1500 font ',10'",
+        "set output '%s'" % path,
+        "set datafile missing '-'",
+        "set style data histogram",
+        "set style histogram cluster gap 1",
+        "set style fill solid 0.9 border -1",
+        "set logscale y",
+        "set yrange [1:*]",
+        "set ylabel 'GFLOP/s (log)'",
+        "set grid ytics",
+        "set key outside right top",
+        "set multiplot layout 3,1 title '%s'" % title,
+    ] + plots + ["unset multiplot"])
+    with open(os.path.join(work, "chart.gp"), "w") as f:
+        f.write(script + "\n")
+    subprocess.run(["gnuplot", os.path.join(work, "chart.gp")], check=True)
+
+
+def best_family(results, p, recipe, shape):
+    return max_or_none(gflops(results, (p, f, recipe, shape)) for f in ["v1", "v2"])
+
+
+def max_or_none(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="?", help="Google Benchmark JSON output of gmm_bench")
+    parser.add_argument("--run", help="path of gmm_bench: run it and summarize")
+    parser.add_argument("--json-out", help="with --run: where to keep the JSON")
+    parser.add_argument("--chart", help="write a PNG chart here (needs gnuplot)")
+    args, extra = parser.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    path = args.json
+    if args.run:
+        path = args.json_out or os.path.join(tempfile.mkdtemp(prefix="gmm_bench_"), "out.json")
+        subprocess.run([args.run, "--benchmark_out=" + path, "--benchmark_out_format=json"] +
+                       extra, check=True, stdout=sys.stderr)
+    if not path:
+        parser.error("give a JSON file or --run")
+    context, results, shapes = load(path)
+    keys = ["date", "host_name", "num_cpus", "gmm_threads", "gmm_mode", "gmm_compile_flags",
+            "peak_fp32_1t", "peak_fp32_2t", "peak_bf16_1t", "peak_bf16_2t", "peak_read_1t",
+            "peak_read_2t", "peak_fp32_isa", "peak_bf16_isa", "eigen", "openblas", "onednn"]
+    for k in keys:
+        if k in context:
+            print("- %s: %s" % (k, context[k]))
+    for p in PASSES:
+        print("\n### %s (GFLOP/s; ratio to the row's best baseline, in bold)\n" % p)
+        print(table(results, shapes, p))
+    errs = errors(results)
+    if errs:
+        print("\nSkipped with an error:")
+        for msg, names in errs.items():
+            print("- %d benchmarks: %s (e.g. %s)" % (len(names), msg, names[0]))
+    if args.chart:
+        chart(results, shapes, context, args.chart)
+        print("\nchart: " + args.chart)
+
+
+if __name__ == "__main__":
+    main()

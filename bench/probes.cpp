@@ -1,0 +1,189 @@
+// Probes of this machine's limits: fp32 FMA and bf16 dot-product peaks, memory read bandwidth.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace gmm_bench {
+namespace {
+
+constexpr int kChains = 16;  // independent accumulators: enough to cover FMA latency x ports
+
+// Each function runs `rounds` rounds of kChains independent multiply-adds and returns a sum, so
+// the work cannot be dropped. Returns the flops done through `flops`.
+// Sum of the lanes (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized).
+__attribute__((target("avx512f"))) float lane_sum(__m512 v) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  float sum = 0;
+  for (float x : lanes) sum += x;
+  return sum;
+}
+
+__attribute__((target("avx512f"))) float fma_avx512(std::int64_t rounds, double* flops) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  *flops = static_cast<double>(rounds) * kChains * 16 * 2;
+  return lane_sum(sum);
+}
+
+__attribute__((target("avx2,fma"))) float fma_avx2(std::int64_t rounds, double* flops) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-6f);
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  *flops = static_cast<double>(rounds) * kChains * 8 * 2;
+  return lanes[0] + lanes[7];
+}
+
+// vdpbf16ps: 16 lanes x 2 bf16 pairs x (multiply + add) = 64 flops per instruction.
+__attribute__((target("avx512f,avx512bf16"))) float dot_bf16_avx512(std::int64_t rounds,
+                                                                    double* flops) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(-1e-3f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  *flops = static_cast<double>(rounds) * kChains * 16 * 4;
+  return lane_sum(sum);
+}
+
+__attribute__((target("avx512f"))) float read_avx512(const float* data, std::int64_t count) {
+  __m512 acc[8];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i + 128 <= count; i += 128) {
+    for (int c = 0; c < 8; ++c) acc[c] = _mm512_add_ps(acc[c], _mm512_load_ps(data + i + 16 * c));
+  }
+  for (int c = 1; c < 8; ++c) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+  return lane_sum(acc[0]);
+}
+
+__attribute__((target("avx2"))) float read_avx2(const float* data, std::int64_t count) {
+  __m256 acc[8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i + 64 <= count; i += 64) {
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_add_ps(acc[c], _mm256_load_ps(data + i + 8 * c));
+  }
+  for (int c = 1; c < 8; ++c) acc[0] = _mm256_add_ps(acc[0], acc[c]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc[0]);
+  return lanes[0] + lanes[7];
+}
+
+float read_scalar(const float* data, std::int64_t count) {
+  float sum = 0;
+  for (std::int64_t i = 0; i < count; i += 16) sum += data[i];
+  return sum;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Runs work(thread) on `threads` threads started together; returns the wall time in seconds.
+template <typename Work>
+double run_on_threads(int threads, Work&& work) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load()) {
+      }
+      work(t);
+    });
+  }
+  while (ready.load() < threads) {
+  }
+  const auto start = Clock::now();
+  go.store(true);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+volatile float g_sink;
+
+// Best of `repeats` runs of a compute kernel on `threads` threads, in flop/s.
+template <typename Kernel>
+double compute_peak(Kernel kernel, int threads, std::int64_t rounds, int repeats) {
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    std::vector<double> flops(threads);
+    const double seconds =
+        run_on_threads(threads, [&](int t) { g_sink = kernel(rounds, &flops[t]); });
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / seconds);
+  }
+  return best;
+}
+
+}  // namespace
+
+Peaks probe_peaks(bool quick) {
+  Peaks p;
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  const std::int64_t rounds = quick ? 2'000'000 : 20'000'000;
+  const int repeats = quick ? 1 : 3;
+  for (int t = 1; t <= 2; ++t) {
+    if (avx512) {
+      p.fp32_flops[t - 1] = compute_peak(fma_avx512, t, rounds, repeats);
+      p.fp32_isa = "avx512f vfmadd231ps";
+    } else if (avx2) {
+      p.fp32_flops[t - 1] = compute_peak(fma_avx2, t, rounds, repeats);
+      p.fp32_isa = "avx2 vfmadd231ps";
+    }
+    if (bf16) {
+      p.bf16_flops[t - 1] = compute_peak(dot_bf16_avx512, t, rounds, repeats);
+      p.bf16_isa = "avx512bf16 vdpbf16ps";
+    }
+  }
+
+  const std::int64_t count = (quick ? std::int64_t{64} : std::int64_t{256}) << 20;  // floats
+  float* buffer = static_cast<float*>(std::aligned_alloc(64, count * sizeof(float)));
+  if (buffer == nullptr) return p;
+  for (std::int64_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023);
+  for (int t = 1; t <= 2; ++t) {
+    double best = 0;
+    for (int r = 0; r < repeats + 1; ++r) {
+      const std::int64_t share = count / t;
+      const double seconds = run_on_threads(t, [&](int thread) {
+        const float* start = buffer + thread * share;
+        g_sink = avx512 ? read_avx512(start, share)
+                 : avx2 ? read_avx2(start, share)
+                        : read_scalar(start, share);
+      });
+      best = std::max(best, static_cast<double>(count) * sizeof(float) / seconds);
+    }
+    p.read_bytes[t - 1] = best;
+  }
+  std::free(buffer);
+  return p;
+}
+
+}  // namespace gmm_bench
