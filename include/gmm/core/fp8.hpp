@@ -2,10 +2,12 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace gmm {
 
@@ -52,7 +54,7 @@ constexpr float decode_code(std::uint8_t code) {
   const bool negative = code & 0x80;
   const int exponent = (code & 0x7F) >> m_bits;
   const int mantissa = code & ((1 << m_bits) - 1);
-  float magnitude;
+  float magnitude = 0.0f;
   if (exponent == (1 << Format::exponent_bits) - 1 &&
       (Format::has_infinity || mantissa == (1 << m_bits) - 1)) {
     magnitude = (Format::has_infinity && mantissa == 0) ? std::numeric_limits<float>::infinity()
@@ -76,44 +78,98 @@ struct DecodeTable {
   }
 };
 
+// Exact fp32 value of every code, built at compile time.
 template <typename Format>
-inline const std::array<float, 256>& decode_table() {
-  static const DecodeTable<Format> table;
-  return table.values;
+inline constexpr DecodeTable<Format> kDecodeTable{};
+
+template <typename Format>
+constexpr const std::array<float, 256>& decode_table() {
+  return kDecodeTable<Format>.values;
 }
 
-// Round-to-nearest-even encode of an fp32 value, subnormals included, overflow checked after
-// rounding.
+// bf16 bits of every code: the upper half of its exact fp32 value (fp8 values have at most 3
+// significant bits, so nothing is lost).
 template <typename Format>
-inline std::uint8_t encode(float x, Saturation saturation) {
+inline const std::array<std::uint16_t, 256>& decode_table_bf16() {
+  static const std::array<std::uint16_t, 256> table = [] {
+    std::array<std::uint16_t, 256> bits{};
+    for (int c = 0; c < 256; ++c) {
+      bits[c] = static_cast<std::uint16_t>(float_bits(decode_table<Format>()[c]) >> 16);
+    }
+    return bits;
+  }();
+  return table;
+}
+
+// condition ? a : b by masking, which compilers keep branch-free (a ternary may become a jump).
+inline std::uint32_t select(bool condition, std::uint32_t a, std::uint32_t b) {
+  return b ^ ((a ^ b) & (0u - static_cast<std::uint32_t>(condition)));
+}
+
+// Round-to-nearest-even encode of the fp32 value with bits `u`, subnormals included, overflow
+// checked after rounding. Branch-free (selects only), so loops over buffers vectorize.
+template <typename Format, Saturation kSaturation>
+inline std::uint8_t encode_bits(std::uint32_t u) {
   constexpr int m_bits = Format::mantissa_bits;
-  constexpr int bias = Format::bias;
-  const std::uint32_t u = float_bits(x);
-  const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80);
+  constexpr int shift = 23 - m_bits;
+  constexpr std::uint32_t inf_bits = 0x7F800000u;
+  constexpr std::uint32_t min_normal_bits = static_cast<std::uint32_t>(127 + 1 - Format::bias)
+                                            << 23;
+  // 2^(24 - bias - m_bits): its ulp is the smallest subnormal, so adding a subnormal-range value
+  // to it rounds that value to a whole number of subnormal units (to nearest even), which land
+  // in the low mantissa bits.
+  constexpr std::uint32_t subnormal_magic =
+      static_cast<std::uint32_t>(127 + 24 - Format::bias - m_bits) << 23;
+  constexpr std::uint32_t overflow_code = kSaturation != Saturation::none ? Format::max_code
+                                          : Format::has_infinity          ? Format::infinity_code
+                                                                          : Format::nan_code;
+  constexpr std::uint32_t infinity_code = kSaturation == Saturation::all ? Format::max_code
+                                          : Format::has_infinity         ? Format::infinity_code
+                                                                         : Format::nan_code;
+
+  const std::uint32_t sign = (u >> 24) & 0x80u;
   const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | Format::nan_code;
-  if (a == 0x7F800000u) {
-    if (saturation == Saturation::all) return sign | Format::max_code;
-    return sign | (Format::has_infinity ? Format::infinity_code : Format::nan_code);
+  const std::uint32_t normal = ((a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u)) >> shift) -
+                               (static_cast<std::uint32_t>(127 - Format::bias) << m_bits);
+  const std::uint32_t subnormal =
+      float_bits(bits_float(a) + bits_float(subnormal_magic)) - subnormal_magic;
+  // Every quantity compared fits in 31 bits: compare as signed, which SIMD units do natively.
+  const auto magnitude = static_cast<std::int32_t>(a);
+  std::int32_t code = static_cast<std::int32_t>(
+      select(magnitude < static_cast<std::int32_t>(min_normal_bits), subnormal, normal));
+  // overflow_code is max_code or the code just above it, so a min maps every finite overflow
+  // (and inf and NaN, whose codes come out above max_code) to it.
+  code = std::min(code, static_cast<std::int32_t>(overflow_code));
+  if constexpr (infinity_code != overflow_code) {
+    code = static_cast<std::int32_t>(select(magnitude == static_cast<std::int32_t>(inf_bits),
+                                            infinity_code, static_cast<std::uint32_t>(code)));
   }
-  std::uint32_t code;
-  constexpr std::uint32_t min_normal_bits = static_cast<std::uint32_t>(127 + 1 - bias) << 23;
-  if (a >= min_normal_bits) {
-    constexpr int shift = 23 - m_bits;
-    const std::uint32_t rounded = (a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1)) >> shift;
-    code = rounded - (static_cast<std::uint32_t>(127 - bias) << m_bits);
-  } else {
-    // Subnormal range: count units of the smallest subnormal, 2^(1 - bias - m_bits); the
-    // power-of-two scaling is exact and adding 2^23 rounds to the nearest even integer.
-    constexpr float units_per_one = static_cast<float>(1u << (bias - 1 + m_bits));
-    const float units = bits_float(a) * units_per_one;
-    code = static_cast<std::uint32_t>((units + 8388608.0f) - 8388608.0f);
-  }
-  if (code > Format::max_code) {
-    if (saturation != Saturation::none) return sign | Format::max_code;
-    return sign | (Format::has_infinity ? Format::infinity_code : Format::nan_code);
+  if constexpr (Format::nan_code != overflow_code) {
+    code = static_cast<std::int32_t>(select(magnitude > static_cast<std::int32_t>(inf_bits),
+                                            Format::nan_code, static_cast<std::uint32_t>(code)));
   }
   return static_cast<std::uint8_t>(sign | code);
+}
+
+template <typename Format>
+inline std::uint8_t encode(float x, Saturation saturation) {
+  switch (saturation) {
+    case Saturation::none:
+      return encode_bits<Format, Saturation::none>(float_bits(x));
+    case Saturation::finite:
+      return encode_bits<Format, Saturation::finite>(float_bits(x));
+    case Saturation::all:
+      return encode_bits<Format, Saturation::all>(float_bits(x));
+  }
+  return Format::nan_code;
+}
+
+// Encodes n fp32 or bf16 values; one loop per saturation mode so that each one vectorizes.
+template <typename Format, Saturation kSaturation, typename From>
+inline void encode_buffer(const From* in, std::uint8_t* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = encode_bits<Format, kSaturation>(float_bits(static_cast<float>(in[i])));
+  }
 }
 
 // Shared body of the two fp8 scalar types.
@@ -157,6 +213,42 @@ class float8_e5m2 : public detail::Fp8Base<float8_e5m2, detail::E5M2Format> {
 template <typename T>
 inline T fp8_cast(float x, Saturation saturation) {
   return T::from_bits(detail::encode<typename T::format>(x, saturation));
+}
+
+// Converts n fp32 or bf16 values to fp8 (T), exactly as fp8_cast does element by element. The
+// loop is branch-free and vectorizes; use it for whole buffers.
+template <typename T, typename From>
+inline void fp8_encode(const From* in, T* out, std::int64_t n, Saturation saturation) {
+  static_assert(sizeof(T) == 1 && std::is_trivially_copyable_v<T>, "T must be an fp8 type");
+  static_assert(std::is_same_v<From, float> || std::is_same_v<From, Eigen::bfloat16>,
+                "fp8_encode reads fp32 or bf16");
+  using Format = typename T::format;
+  auto* bytes = reinterpret_cast<std::uint8_t*>(out);
+  switch (saturation) {
+    case Saturation::none:
+      return detail::encode_buffer<Format, Saturation::none>(in, bytes, n);
+    case Saturation::finite:
+      return detail::encode_buffer<Format, Saturation::finite>(in, bytes, n);
+    case Saturation::all:
+      return detail::encode_buffer<Format, Saturation::all>(in, bytes, n);
+  }
+}
+
+// Exact fp32 values of n fp8 codes, by table lookup.
+template <typename T>
+inline void fp8_decode(const T* in, float* out, std::int64_t n) {
+  const auto& table = detail::decode_table<typename T::format>();
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(in);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = table[bytes[i]];
+}
+
+// Exact bf16 values of n fp8 codes (every fp8 value is a bf16 value), by table lookup.
+template <typename T>
+inline void fp8_decode(const T* in, Eigen::bfloat16* out, std::int64_t n) {
+  const auto& table = detail::decode_table_bf16<typename T::format>();
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(in);
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = Eigen::numext::bit_cast<Eigen::bfloat16>(table[bytes[i]]);
 }
 
 }  // namespace gmm
