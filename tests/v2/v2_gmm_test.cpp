@@ -134,6 +134,18 @@ TEST(V2Isa, ForcingAMissingPathThrows) {
   EXPECT_EQ(kernels::resolve_isa("test", Isa::automatic, avx2_only), Isa::avx2);
 }
 
+// Automatic runs vdpbf16ps for bf16-exact data only where it outpaces fp32 FMA; forcing
+// avx512bf16 always runs it; fp32 data always runs an FMA kernel.
+TEST(V2Isa, AutomaticPicksTheFasterKernel) {
+  kernels::CpuFeatures intel{true, true, true, false};
+  kernels::CpuFeatures zen4{true, true, true, true};
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, intel).isa, Isa::avx512f);
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, zen4).isa, Isa::avx512bf16);
+  EXPECT_EQ(kernels::call_kit("test", Isa::avx512bf16, true, intel).isa, Isa::avx512bf16);
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, false, zen4).isa, Isa::avx512f);
+  EXPECT_EQ(kernels::call_kit("test", Isa::avx2, true, zen4).isa, Isa::avx2);
+}
+
 TEST(V2Isa, EnvironmentForcesAPath) {
   Rng rng(606);
   const CaseShape s{"env", 8, 16, 16, {8}};
@@ -151,7 +163,7 @@ TEST(V2Isa, EnvironmentForcesAPath) {
   ASSERT_EQ(unsetenv("GMM_ISA"), 0);
   o.isa = Isa::automatic;
   EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::f32));
-  EXPECT_EQ(trace.isa, kernels::best_isa());
+  EXPECT_EQ(trace.isa, kernels::call_kit("test", Isa::automatic, true).isa);
 }
 
 TEST(V2Isa, ThrowsBeforeWriting) {

@@ -12,7 +12,8 @@
 
 namespace gmm::kernels {
 
-// kMr x (8 * kNv) fp32 accumulators; per step one broadcast of A per row, kNv loads of B.
+// kMr x (8 * kNv) fp32 accumulators; per step one broadcast of A per row (lane-major A panel),
+// kNv loads of B.
 template <int kMr, int kNv>
 GMM_TARGET_AVX2 void kernel_avx2_f32(std::int64_t steps, const void* a_packed, const void* b_packed,
                                      float* c, std::int64_t ldc, const float* row_scales,
@@ -25,13 +26,13 @@ GMM_TARGET_AVX2 void kernel_avx2_f32(std::int64_t steps, const void* a_packed, c
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm256_setzero_ps();
   }
-  for (std::int64_t s = 0; s < steps; ++s, a += kMr, b += 8 * kNv) {
+  for (std::int64_t s = 0; s < steps; ++s, ++a, b += 8 * kNv) {
     __m256 bv[kNv];
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) bv[v] = _mm256_loadu_ps(b + 8 * v);
 #pragma GCC unroll 16
     for (int i = 0; i < kMr; ++i) {
-      const __m256 av = _mm256_broadcast_ss(a + i);
+      const __m256 av = _mm256_broadcast_ss(a + i * steps);
 #pragma GCC unroll 4
       for (int v = 0; v < kNv; ++v) acc[i][v] = _mm256_fmadd_ps(av, bv[v], acc[i][v]);
     }
@@ -56,8 +57,10 @@ inline KernelKit avx2_kit() {
   KernelKit kit;
   kit.isa = Isa::avx2;
   kit.format = {PackedElement::f32, 6, 16, 1};
-  kit.pack = pack_reference<PackedElement::f32, 1>;
+  kit.pack_a = pack_reference<PackedElement::f32, 1, PanelOrder::lane_major>;
+  kit.pack_b = pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
   kit.kernel = kernel_avx2_f32<6, 2>;
+  kit.absmax = absmax_reference;
   kit.tiles = {96, 256, 512};
   return kit;
 }

@@ -1,7 +1,11 @@
-// AVX-512 paths: an fp32 FMA micro-kernel (AVX-512F) and a bf16 dot-product one (AVX512_BF16).
+// AVX-512 paths: an fp32 FMA micro-kernel (AVX-512F), a bf16 dot-product one (AVX512_BF16), and
+// their vectorized packers (exact widening of bf16 / fp8 / int8, in-kernel quantization).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "gmm/kernels/cpu.hpp"
 #include "gmm/kernels/format.hpp"
@@ -12,7 +16,308 @@
 #define GMM_TARGET_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")))
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports once inlined (GCC PR 105593); the values are fully defined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace gmm::kernels {
+
+// ---- Exact widening and quantization of 16 elements --------------------------------------
+
+// fp8 codes (one per 32-bit lane) to their exact fp32 values without touching fp32 subnormals:
+// normal codes move their bits under the fp32 exponent and rebias it, subnormal codes convert
+// their mantissa as an integer times the smallest subnormal; NaN codes give the canonical quiet
+// NaN and e5m2 infinities stay infinite.
+template <DType kFp8>
+GMM_TARGET_AVX512 inline __m512 fp8_to_f32(__m512i code) {
+  constexpr bool e4m3 = kFp8 == DType::float8_e4m3fn;
+  const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7F));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24);
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(magnitude, e4m3 ? 20 : 21),
+                                          _mm512_set1_epi32(e4m3 ? 120 << 23 : 112 << 23));
+  const __m512 subnormal =
+      _mm512_mul_ps(_mm512_cvtepi32_ps(magnitude), _mm512_set1_ps(e4m3 ? 0x1p-9f : 0x1p-16f));
+  const __mmask16 is_subnormal =
+      _mm512_cmplt_epi32_mask(magnitude, _mm512_set1_epi32(e4m3 ? 8 : 4));
+  __m512i bits = _mm512_mask_mov_epi32(normal, is_subnormal, _mm512_castps_si512(subnormal));
+  if constexpr (e4m3) {
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F));
+    bits = _mm512_mask_mov_epi32(bits, nan, _mm512_set1_epi32(0x7FC00000));
+  } else {
+    const __mmask16 inf = _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7C));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7C));
+    bits = _mm512_mask_mov_epi32(bits, inf, _mm512_set1_epi32(0x7F800000));
+    bits = _mm512_mask_mov_epi32(bits, nan, _mm512_set1_epi32(0x7FC00000));
+  }
+  return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+// Exact fp32 values of the elements index .. index + 15 of a source (masked-off lanes are 0).
+template <DType kDtype>
+GMM_TARGET_AVX512 inline __m512 load16(const void* base, std::int64_t index, __mmask16 mask) {
+  if constexpr (kDtype == DType::f32) {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + index);
+  } else if constexpr (kDtype == DType::bf16) {
+    const __m256i h =
+        _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(base) + index);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    const __m128i b = _mm_maskz_loadu_epi8(mask, static_cast<const std::uint8_t*>(base) + index);
+    if constexpr (kDtype == DType::int8) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    } else {
+      return fp8_to_f32<kDtype>(_mm512_cvtepu8_epi32(b));
+    }
+  }
+}
+
+// The same 16 values as a gather with an element stride (transposing sources).
+template <DType kDtype>
+GMM_TARGET_AVX512 inline __m512 load16_strided(const void* base, std::int64_t index,
+                                               std::int64_t stride, __mmask16 mask) {
+  alignas(64) float lanes[16];
+  for (int i = 0; i < 16; ++i) {
+    lanes[i] = ((mask >> i) & 1) ? load_as_float(base, kDtype, index + i * stride) : 0.0f;
+  }
+  return _mm512_load_ps(lanes);
+}
+
+// Rounds fp32 values (already clipped to the format's range) to the nearest fp8 value, ties to
+// even, subnormals included, exactly as core/fp8.hpp's encoder followed by a decode.
+template <QType kQ>
+GMM_TARGET_AVX512 inline __m512 round_to_fp8(__m512 q) {
+  constexpr bool e4m3 = kQ == QType::float8_e4m3fn;
+  constexpr int shift = e4m3 ? 20 : 21;
+  const __m512i bits = _mm512_castps_si512(q);
+  const __m512i sign = _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  // normal range: add half an ulp minus one plus the lowest kept bit, truncate
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, shift), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_andnot_si512(
+      _mm512_set1_epi32((1 << shift) - 1),
+      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (shift - 1)) - 1)), odd));
+  // subnormal range: count units of the smallest subnormal, round with the 2^23 trick
+  const float units_per_one = e4m3 ? 0x1p9f : 0x1p16f;
+  const __m512 units = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(units_per_one));
+  const __m512 code =
+      _mm512_sub_ps(_mm512_add_ps(units, _mm512_set1_ps(8388608.0f)), _mm512_set1_ps(8388608.0f));
+  const __m512 subnormal = _mm512_mul_ps(code, _mm512_set1_ps(1.0f / units_per_one));
+  const __mmask16 normal =
+      _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(e4m3 ? 0x3C800000 : 0x38800000));
+  const __m512i magnitude = _mm512_mask_mov_epi32(_mm512_castps_si512(subnormal), normal, rounded);
+  const __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
+  const __m512i value =
+      _mm512_mask_mov_epi32(_mm512_or_si512(magnitude, sign), nan, _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(value);
+}
+
+// Quantized values (without the scale) of 16 fp32 inputs: cast(clip(x / scale)), the exact
+// rules of core/qvalue.hpp (a division, NaN passing the clip, int8 NaN stored as 0).
+template <QType kQ>
+GMM_TARGET_AVX512 inline __m512 quantize16(__m512 x, __m512 scale) {
+  const __m512 bound = _mm512_set1_ps(qmax(kQ));
+  __m512 q = _mm512_div_ps(x, scale);
+  q = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), bound), _mm512_min_ps(bound, q));
+  if constexpr (kQ == QType::int8) {
+    const __mmask16 number = _mm512_cmp_ps_mask(q, q, _CMP_ORD_Q);
+    return _mm512_maskz_cvtepi32_ps(number, _mm512_cvtps_epi32(q));
+  } else {
+    return round_to_fp8<kQ>(q);
+  }
+}
+
+// The values a packer reads: widened, and quantized when the source asks for it.
+struct LoadQuantized {
+  template <DType kDtype, QType kQ, bool kQuantize>
+  GMM_TARGET_AVX512 static __m512 run(const void* base, std::int64_t index, std::int64_t stride,
+                                      __mmask16 mask, __m512 scale) {
+    const __m512 x = stride == 1 ? load16<kDtype>(base, index, mask)
+                                 : load16_strided<kDtype>(base, index, stride, mask);
+    if constexpr (kQuantize) {
+      return quantize16<kQ>(x, scale);
+    } else {
+      (void)scale;
+      return x;
+    }
+  }
+};
+
+inline __mmask16 first_lanes(std::int64_t count) {
+  return count >= 16  ? static_cast<__mmask16>(0xFFFF)
+         : count <= 0 ? static_cast<__mmask16>(0)
+                      : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// bf16 bits of 16 values exact in bf16 (canonical NaNs), as 16 words.
+GMM_TARGET_AVX512 inline __m256i to_bf16_words(__m512 v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+}
+
+// bf16 pairs (a in the low half, b in the high half) of 16 pairs of values exact in bf16.
+GMM_TARGET_AVX512 inline __m512i to_bf16_pairs(__m512 a, __m512 b) {
+  return _mm512_or_si512(
+      _mm512_and_si512(_mm512_castps_si512(b), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))),
+      _mm512_srli_epi32(_mm512_castps_si512(a), 16));
+}
+
+// ---- Packers ------------------------------------------------------------------------------
+
+// How many contraction steps ahead the B packer prefetches its source rows: each step starts a
+// new row (often a new page), which the hardware prefetchers do not follow.
+constexpr std::int64_t kPrefetchSteps = 6;
+
+// Packs panels. A panels (lane-major) read each lane's contraction run; B panels (step-major)
+// read contraction index by index across all panels' lanes, so a source with contiguous lanes
+// is read in long sequential runs; a source laid out the other way round is read with a stride.
+template <PackedElement kElement, PanelOrder kOrder, DType kDtype, QType kQ, bool kQuantize>
+GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std::int64_t lane0,
+                                         std::int64_t lanes, std::int64_t k0, std::int64_t kc,
+                                         const float* lane_scales, void* out) {
+  constexpr int depth = kElement == PackedElement::bf16 ? 2 : 1;
+  using Element = std::conditional_t<kElement == PackedElement::f32, float, std::uint16_t>;
+  const std::int64_t steps = (kc + depth - 1) / depth, padded_k = steps * depth;
+  const std::int64_t panels = (lanes + width - 1) / width;
+  Element* const packed = static_cast<Element*>(out);
+  if constexpr (kOrder == PanelOrder::lane_major) {
+    for (std::int64_t lane = 0; lane < panels * width; ++lane) {
+      Element* dst = packed + (lane / width) * padded_k * width + (lane % width) * padded_k;
+      const bool live = lane < lanes;
+      const __m512 scale = _mm512_set1_ps(live ? lane_scales[lane] : 1.0f);
+      const std::int64_t base = (lane0 + lane) * src.lane_stride + k0 * src.k_stride;
+      for (std::int64_t k = 0; k < padded_k; k += 16) {
+        const __mmask16 valid = live ? first_lanes(kc - k) : 0;
+        const __mmask16 store = first_lanes(padded_k - k);
+        const __m512 v = LoadQuantized::run<kDtype, kQ, kQuantize>(
+            src.data, base + k * src.k_stride, src.k_stride, valid, scale);
+        if constexpr (kElement == PackedElement::f32) {
+          _mm512_mask_storeu_ps(dst + k, store, v);
+        } else {
+          _mm256_mask_storeu_epi16(dst + k, store, to_bf16_words(v));
+        }
+      }
+    }
+  } else {
+    for (std::int64_t s = 0; s < steps; ++s) {
+      for (std::int64_t lane = 0; lane < panels * width; lane += 16) {
+        Element* dst =
+            packed + (lane / width) * padded_k * width + (s * width + lane % width) * depth;
+        const __mmask16 valid = first_lanes(lanes - lane);
+        const __m512 scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), valid, lane_scales + lane);
+        const std::int64_t base =
+            (lane0 + lane) * src.lane_stride + (k0 + s * depth) * src.k_stride;
+        if (src.lane_stride == 1 && s + kPrefetchSteps < steps) {
+          _mm_prefetch(
+              static_cast<const char*>(src.data) + (base + kPrefetchSteps * depth * src.k_stride) *
+                                                       static_cast<std::int64_t>(size_of(kDtype)),
+              _MM_HINT_T0);
+        }
+        const __m512 v0 = LoadQuantized::run<kDtype, kQ, kQuantize>(src.data, base, src.lane_stride,
+                                                                    valid, scale);
+        if constexpr (kElement == PackedElement::f32) {
+          _mm512_storeu_ps(dst, v0);
+        } else {
+          const __mmask16 second = s * 2 + 1 < kc ? valid : 0;
+          const __m512 v1 = LoadQuantized::run<kDtype, kQ, kQuantize>(
+              src.data, base + src.k_stride, src.lane_stride, second, scale);
+          _mm512_storeu_si512(dst, to_bf16_pairs(v0, v1));
+        }
+      }
+    }
+  }
+}
+
+// Dispatches a packer on the source dtype and quantization.
+template <PackedElement kElement, PanelOrder kOrder>
+GMM_TARGET_AVX512 void pack_avx512(const PanelSource& src, int width, std::int64_t lane0,
+                                   std::int64_t lanes, std::int64_t k0, std::int64_t kc,
+                                   const float* lane_scales, void* out) {
+#define GMM_PACK(D, Q, QUANTIZE)                                                               \
+  return pack_avx512_typed<kElement, kOrder, D, Q, QUANTIZE>(src, width, lane0, lanes, k0, kc, \
+                                                             lane_scales, out)
+  constexpr QType e4 = QType::float8_e4m3fn;
+  if (src.quantize) {
+    const bool f32 = src.dtype == DType::f32;
+    switch (src.qtype) {
+      case QType::float8_e4m3fn:
+        if (f32) GMM_PACK(DType::f32, e4, true);
+        GMM_PACK(DType::bf16, e4, true);
+      case QType::float8_e5m2:
+        if (f32) GMM_PACK(DType::f32, QType::float8_e5m2, true);
+        GMM_PACK(DType::bf16, QType::float8_e5m2, true);
+      case QType::int8:
+        if (f32) GMM_PACK(DType::f32, QType::int8, true);
+        GMM_PACK(DType::bf16, QType::int8, true);
+    }
+  }
+  switch (src.dtype) {
+    case DType::f32:
+      GMM_PACK(DType::f32, e4, false);
+    case DType::bf16:
+      GMM_PACK(DType::bf16, e4, false);
+    case DType::float8_e4m3fn:
+      GMM_PACK(DType::float8_e4m3fn, e4, false);
+    case DType::float8_e5m2:
+      GMM_PACK(DType::float8_e5m2, e4, false);
+    case DType::int8:
+      GMM_PACK(DType::int8, e4, false);
+  }
+#undef GMM_PACK
+}
+
+// Absmax of lanes over a contraction range: along each lane's run (contiguous contraction) or
+// across lanes row by row (contiguous lanes); NaN anywhere makes that lane's absmax NaN.
+template <DType kDtype>
+GMM_TARGET_AVX512 void absmax_avx512_typed(const PanelSource& src, std::int64_t lane0,
+                                           std::int64_t lanes, std::int64_t k_begin,
+                                           std::int64_t k_end, float* absmax) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  if (src.k_stride == 1) {
+    for (std::int64_t w = 0; w < lanes; ++w) {
+      __m512 m = _mm512_setzero_ps();
+      __mmask16 nan = 0;
+      const std::int64_t base = (lane0 + w) * src.lane_stride;
+      for (std::int64_t k = k_begin; k < k_end; k += 16) {
+        const __m512 a =
+            _mm512_andnot_ps(sign, load16<kDtype>(src.data, base + k, first_lanes(k_end - k)));
+        nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, a);
+      }
+      absmax[w] = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
+    }
+  } else {
+    for (std::int64_t w = 0; w < lanes; w += 16) {
+      const __mmask16 valid = first_lanes(lanes - w);
+      __m512 m = _mm512_setzero_ps();
+      __mmask16 nan = 0;
+      for (std::int64_t k = k_begin; k < k_end; ++k) {
+        const std::int64_t index = (lane0 + w) * src.lane_stride + k * src.k_stride;
+        const __m512 a = _mm512_andnot_ps(
+            sign, src.lane_stride == 1
+                      ? load16<kDtype>(src.data, index, valid)
+                      : load16_strided<kDtype>(src.data, index, src.lane_stride, valid));
+        nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, a);
+      }
+      m = _mm512_mask_mov_ps(m, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+      _mm512_mask_storeu_ps(absmax + w, valid, m);
+    }
+  }
+}
+
+GMM_TARGET_AVX512 inline void absmax_avx512(const PanelSource& src, std::int64_t lane0,
+                                            std::int64_t lanes, std::int64_t k_begin,
+                                            std::int64_t k_end, float* absmax) {
+  if (src.dtype == DType::f32) {
+    absmax_avx512_typed<DType::f32>(src, lane0, lanes, k_begin, k_end, absmax);
+  } else {
+    absmax_avx512_typed<DType::bf16>(src, lane0, lanes, k_begin, k_end, absmax);
+  }
+}
+
+// ---- Micro-kernels ------------------------------------------------------------------------
 
 // Epilogue of the AVX-512 kernels: c (= or +=) acc * row_scale * col_scales, one row.
 template <int kNv>
@@ -27,7 +332,8 @@ GMM_TARGET_AVX512 inline void store_row_avx512(float* c, const __m512 (&acc)[kNv
   }
 }
 
-// kMr x (16 * kNv) fp32 accumulators; per step one broadcast of A per row, kNv loads of B.
+// kMr x (16 * kNv) fp32 accumulators; per step one broadcast of A per row (lane-major A panel),
+// kNv loads of B.
 template <int kMr, int kNv>
 GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packed,
                                          const void* b_packed, float* c, std::int64_t ldc,
@@ -41,13 +347,13 @@ GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packe
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   }
-  for (std::int64_t s = 0; s < steps; ++s, a += kMr, b += 16 * kNv) {
+  for (std::int64_t s = 0; s < steps; ++s, ++a, b += 16 * kNv) {
     __m512 bv[kNv];
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) bv[v] = _mm512_loadu_ps(b + 16 * v);
 #pragma GCC unroll 16
     for (int i = 0; i < kMr; ++i) {
-      const __m512 av = _mm512_set1_ps(a[i]);
+      const __m512 av = _mm512_set1_ps(a[i * steps]);
 #pragma GCC unroll 4
       for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
     }
@@ -56,8 +362,9 @@ GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packe
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
 #pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i)
+  for (int i = 0; i < kMr; ++i) {
     store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+  }
 }
 
 // kMr x (16 * kNv) fp32 accumulators fed by vdpbf16ps: per step (a pair of contraction
@@ -76,14 +383,14 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   }
-  for (std::int64_t s = 0; s < steps; ++s, a += 2 * kMr, b += 32 * kNv) {
+  for (std::int64_t s = 0; s < steps; ++s, a += 2, b += 32 * kNv) {
     __m512i bv[kNv];
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) bv[v] = _mm512_loadu_si512(b + 32 * v);
 #pragma GCC unroll 16
     for (int i = 0; i < kMr; ++i) {
       std::int32_t pair;
-      std::memcpy(&pair, a + 2 * i, sizeof pair);
+      std::memcpy(&pair, a + 2 * i * steps, sizeof pair);
       const __m512i av = _mm512_set1_epi32(pair);
 #pragma GCC unroll 4
       for (int v = 0; v < kNv; ++v) {
@@ -95,8 +402,9 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
 #pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i)
+  for (int i = 0; i < kMr; ++i) {
     store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+  }
 }
 
 // The AVX-512F path: fp32 values (bf16 / fp8 / int8 widened exactly) and a 12 x 32 FMA kernel.
@@ -104,8 +412,10 @@ inline KernelKit avx512f_kit() {
   KernelKit kit;
   kit.isa = Isa::avx512f;
   kit.format = {PackedElement::f32, 12, 32, 1};
-  kit.pack = pack_reference<PackedElement::f32, 1>;
+  kit.pack_a = pack_avx512<PackedElement::f32, PanelOrder::lane_major>;
+  kit.pack_b = pack_avx512<PackedElement::f32, PanelOrder::step_major>;
   kit.kernel = kernel_avx512_f32<12, 2>;
+  kit.absmax = absmax_avx512;
   kit.tiles = {192, 256, 512};
   return kit;
 }
@@ -115,11 +425,17 @@ inline KernelKit avx512bf16_kit() {
   KernelKit kit;
   kit.isa = Isa::avx512bf16;
   kit.format = {PackedElement::bf16, 8, 32, 2};
-  kit.pack = pack_reference<PackedElement::bf16, 2>;
+  kit.pack_a = pack_avx512<PackedElement::bf16, PanelOrder::lane_major>;
+  kit.pack_b = pack_avx512<PackedElement::bf16, PanelOrder::step_major>;
   kit.kernel = kernel_avx512_bf16<8, 2>;
+  kit.absmax = absmax_avx512;
   kit.tiles = {192, 512, 512};
   return kit;
 }
 
 }  // namespace gmm::kernels
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif

@@ -12,19 +12,21 @@ namespace gmm::kernels {
 // Element type of packed panels: fp32 for FMA kernels, bf16 pairs for the bf16 dot product.
 enum class PackedElement : std::uint8_t { f32, bf16 };
 
-// The packed layout a micro-kernel reads (gemmlowp style: the kernel declares it and packers
-// adapt to it). A panel of `width` lanes (mr rows of A, or nr columns of B) over kc contraction
-// steps is stored as ceil(kc / depth) consecutive blocks of [width][depth] elements; lanes past
-// the operand's edge and steps past kc are zero.
+// The packed layouts a micro-kernel reads (gemmlowp style: the kernel declares them and packers
+// adapt to them). Over a chunk of kc contraction indices, cut into steps of `depth` indices (zero
+// padded), an A panel of mr lanes (rows of C) is lane-major, [mr][steps][depth], so each row's
+// contraction run is contiguous and the kernel broadcasts from it; a B panel of nr lanes (columns
+// of C) is step-major, [steps][nr][depth], so each step is one contiguous vector load. Lanes past
+// the operand's edge are zero.
 struct PackedFormat {
   PackedElement element = PackedElement::f32;
   int mr = 1;     // rows of C per micro-tile (lanes of an A panel)
   int nr = 1;     // columns of C per micro-tile (lanes of a B panel)
-  int depth = 1;  // contraction steps per lane and block: 2 for bf16 pairs, 1 for fp32
+  int depth = 1;  // contraction indices per step: 2 for bf16 pairs, 1 for fp32
 
   std::size_t element_bytes() const { return element == PackedElement::f32 ? 4 : 2; }
   std::int64_t steps(std::int64_t kc) const { return (kc + depth - 1) / depth; }
-  // Bytes of one packed panel of `width` lanes over kc contraction steps.
+  // Bytes of one packed panel of `width` lanes over kc contraction indices.
   std::size_t panel_bytes(int width, std::int64_t kc) const {
     return static_cast<std::size_t>(steps(kc) * width * depth) * element_bytes();
   }
@@ -43,25 +45,34 @@ struct PanelSource {
   QType qtype = QType::float8_e4m3fn;
 };
 
-// Packs lanes [lane0, lane0 + lanes) (lanes <= width) and steps [k0, k0 + kc) of `source` into
-// one panel of the kit's format; lane_scales[w] is lane w's quantization scale.
+// Packs lanes [lane0, lane0 + lanes) and contraction indices [k0, k0 + kc) of `source` into
+// ceil(lanes / width) consecutive A (width mr) or B (width nr) panels of the kit's format;
+// lane_scales[w] is lane lane0 + w's quantization scale.
 using PackFn = void (*)(const PanelSource& source, int width, std::int64_t lane0,
                         std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                         const float* lane_scales, void* out);
 
-// Computes one mr x nr micro-tile over `steps` packed blocks and applies the epilogue
+// Computes one mr x nr micro-tile over `steps` packed steps and applies the epilogue
 // c[i * ldc + j] (= when first, else +=) acc[i][j] * row_scales[i] * col_scales[j].
 using MicroKernelFn = void (*)(std::int64_t steps, const void* a, const void* b, float* c,
                                std::int64_t ldc, const float* row_scales, const float* col_scales,
                                bool first);
 
-// Everything a driver needs from one ISA path for one kind of data: the format, its packer and
-// its micro-kernel, and the default cache blocking (rows, contraction, columns per task).
+// Writes absmax[w] = max |x| (NaN if any x is NaN, core/qvalue.hpp's absmax_update) over the
+// contraction indices [k_begin, k_end) of lanes [lane0, lane0 + lanes) of an f32 / bf16 source.
+using AbsmaxFn = void (*)(const PanelSource& source, std::int64_t lane0, std::int64_t lanes,
+                          std::int64_t k_begin, std::int64_t k_end, float* absmax);
+
+// Everything a driver needs from one ISA path for one kind of data: the format, its packers, its
+// micro-kernel, the absmax scan of in-kernel quantization, and the default cache blocking (rows,
+// contraction, columns per task).
 struct KernelKit {
   Isa isa = Isa::scalar;
   PackedFormat format;
-  PackFn pack = nullptr;
+  PackFn pack_a = nullptr;
+  PackFn pack_b = nullptr;
   MicroKernelFn kernel = nullptr;
+  AbsmaxFn absmax = nullptr;
   Tiles tiles;
 };
 

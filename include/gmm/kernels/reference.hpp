@@ -25,24 +25,59 @@ inline std::uint16_t bf16_bits(float x) {
   return Eigen::numext::bit_cast<std::uint16_t>(bfloat16(x));
 }
 
-// Packs a panel element by element: any dtype, any strides, in-kernel quantization included.
-template <PackedElement kElement, int kDepth>
+// Where element (step, lane, d) of a packed panel lives: lane-major for A, step-major for B.
+enum class PanelOrder : std::uint8_t { lane_major, step_major };
+
+template <PanelOrder kOrder>
+inline std::int64_t panel_index(std::int64_t step, std::int64_t lane, int d, std::int64_t steps,
+                                int width, int depth) {
+  return kOrder == PanelOrder::lane_major ? (lane * steps + step) * depth + d
+                                          : (step * width + lane) * depth + d;
+}
+
+// Stores an exact value as a packed element (bf16 elements: values exact in bf16).
+template <PackedElement kElement>
+inline void store_packed(void* out, std::int64_t index, float value) {
+  if constexpr (kElement == PackedElement::f32) {
+    static_cast<float*>(out)[index] = value;
+  } else {
+    static_cast<std::uint16_t*>(out)[index] = bf16_bits(value);
+  }
+}
+
+// Packs panels element by element: any dtype, any strides, in-kernel quantization included.
+template <PackedElement kElement, int kDepth, PanelOrder kOrder>
 void pack_reference(const PanelSource& source, int width, std::int64_t lane0, std::int64_t lanes,
                     std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
   const std::int64_t steps = (kc + kDepth - 1) / kDepth;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    for (int w = 0; w < width; ++w) {
-      for (int d = 0; d < kDepth; ++d) {
-        const std::int64_t k = s * kDepth + d;
-        const float value =
-            (w < lanes && k < kc) ? source_value(source, lane0 + w, k0 + k, lane_scales[w]) : 0.0f;
-        const std::int64_t index = (s * width + w) * kDepth + d;
-        if constexpr (kElement == PackedElement::f32) {
-          static_cast<float*>(out)[index] = value;
-        } else {
-          static_cast<std::uint16_t*>(out)[index] = bf16_bits(value);
+  const std::int64_t panel_bytes =
+      steps * width * kDepth * (kElement == PackedElement::f32 ? 4 : 2);
+  for (std::int64_t p = 0; p * width < lanes; ++p) {
+    void* panel = static_cast<unsigned char*>(out) + p * panel_bytes;
+    for (std::int64_t s = 0; s < steps; ++s) {
+      for (int w = 0; w < width; ++w) {
+        const std::int64_t lane = p * width + w;
+        for (int d = 0; d < kDepth; ++d) {
+          const std::int64_t k = s * kDepth + d;
+          const float value = (lane < lanes && k < kc)
+                                  ? source_value(source, lane0 + lane, k0 + k, lane_scales[lane])
+                                  : 0.0f;
+          store_packed<kElement>(panel, panel_index<kOrder>(s, w, d, steps, width, kDepth), value);
         }
       }
+    }
+  }
+}
+
+// Absmax of lanes over a contraction range, element by element.
+inline void absmax_reference(const PanelSource& source, std::int64_t lane0, std::int64_t lanes,
+                             std::int64_t k_begin, std::int64_t k_end, float* absmax) {
+  for (std::int64_t w = 0; w < lanes; ++w) absmax[w] = 0.0f;
+  for (std::int64_t k = k_begin; k < k_end; ++k) {
+    for (std::int64_t w = 0; w < lanes; ++w) {
+      absmax[w] = detail::absmax_update(
+          absmax[w], load_as_float(source.data, source.dtype,
+                                   (lane0 + w) * source.lane_stride + k * source.k_stride));
     }
   }
 }
@@ -53,7 +88,7 @@ inline void store_tile_element(float* c, float acc, float row_scale, float col_s
   *c = first ? scaled : *c + scaled;
 }
 
-// Scalar fp32 micro-kernel: kMr x kNr accumulators, one contraction step per packed block.
+// Scalar fp32 micro-kernel: kMr x kNr accumulators, one contraction index per step.
 template <int kMr, int kNr>
 void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_packed, float* c,
                        std::int64_t ldc, const float* row_scales, const float* col_scales,
@@ -61,9 +96,9 @@ void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_p
   const float* a = static_cast<const float*>(a_packed);
   const float* b = static_cast<const float*>(b_packed);
   float acc[kMr][kNr] = {};
-  for (std::int64_t s = 0; s < steps; ++s, a += kMr, b += kNr) {
+  for (std::int64_t s = 0; s < steps; ++s, b += kNr) {
     for (int i = 0; i < kMr; ++i) {
-      for (int j = 0; j < kNr; ++j) acc[i][j] += a[i] * b[j];
+      for (int j = 0; j < kNr; ++j) acc[i][j] += a[i * steps + s] * b[j];
     }
   }
   for (int i = 0; i < kMr; ++i) {
@@ -78,8 +113,10 @@ inline KernelKit scalar_kit() {
   KernelKit kit;
   kit.isa = Isa::scalar;
   kit.format = {PackedElement::f32, 4, 16, 1};
-  kit.pack = pack_reference<PackedElement::f32, 1>;
+  kit.pack_a = pack_reference<PackedElement::f32, 1, PanelOrder::lane_major>;
+  kit.pack_b = pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
   kit.kernel = kernel_scalar_f32<4, 16>;
+  kit.absmax = absmax_reference;
   kit.tiles = {64, 256, 256};
   return kit;
 }

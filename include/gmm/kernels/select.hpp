@@ -1,6 +1,8 @@
 // Picks the kernel kit of an ISA path for a problem's data: bf16 dot product or fp32 FMA.
 #pragma once
 
+#include <cstdlib>
+
 #include "gmm/kernels/avx2.hpp"
 #include "gmm/kernels/avx512.hpp"
 #include "gmm/kernels/cpu.hpp"
@@ -31,6 +33,20 @@ inline KernelKit select_kit(Isa isa, bool bf16_exact) {
   (void)bf16_exact;
 #endif
   return scalar_kit();
+}
+
+// The kit of a call: `requested` is Options::isa. A forced path (option or GMM_ISA) runs its
+// own kernels; automatic runs the widest path, except that bf16-exact data takes the AVX-512F
+// fp32 FMA kernel where vdpbf16ps is the slower of the two (CpuFeatures::bf16_dot_beats_fma).
+inline KernelKit call_kit(const char* where, Isa requested, bool bf16_exact,
+                          const CpuFeatures& features = cpu_features()) {
+  const Isa isa = resolve_isa(where, requested, features);
+  const char* env = std::getenv("GMM_ISA");
+  const bool forced = requested != Isa::automatic || (env != nullptr && *env != '\0');
+  if (!forced && isa == Isa::avx512bf16 && !features.bf16_dot_beats_fma) {
+    return select_kit(Isa::avx512f, bf16_exact);
+  }
+  return select_kit(isa, bf16_exact);
 }
 
 }  // namespace gmm::kernels

@@ -57,7 +57,7 @@ struct Product {
 // Per-thread buffers: packed panels, the fp32 tile of C, per-lane scales and absmax tables.
 struct Workspace {
   std::vector<unsigned char> a_packed, b_packed;
-  std::vector<float> c, a_scales, b_scales, a_table, b_table;
+  std::vector<float> c, a_scales, b_scales, a_table, b_table, absmax;
 
   std::int64_t bytes() const {
     return static_cast<std::int64_t>(a_packed.capacity() + b_packed.capacity() +
@@ -83,46 +83,17 @@ inline std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
 
 // Absmax scales of lanes [lane0, lane0 + lanes) and contraction blocks [block0, block1) of an
 // f32 / bf16 source, as table[lane][block - block0] (core/qvalue.hpp rules).
-template <typename T>
-void absmax_table_typed(const Side& side, std::int64_t lane0, std::int64_t lanes,
-                        std::int64_t block0, std::int64_t block1, float* table) {
-  const auto& s = side.source;
-  const T* data = static_cast<const T*>(s.data);
+inline void absmax_table(const kernels::KernelKit& kit, const Side& side, std::int64_t lane0,
+                         std::int64_t lanes, std::int64_t block0, std::int64_t block1, float* table,
+                         std::vector<float>& scratch) {
   const std::int64_t blocks = block1 - block0, size = side.scales.quant_block;
+  scratch.resize(static_cast<std::size_t>(lanes));
   for (std::int64_t b = block0; b < block1; ++b) {
-    const std::int64_t k_end = std::min(side.scales.k_extent, (b + 1) * size);
-    for (std::int64_t w = 0; w < lanes; ++w) table[w * blocks + (b - block0)] = 0.0f;
-    if (s.lane_stride == 1) {  // lanes contiguous: sweep rows of lanes
-      for (std::int64_t k = b * size; k < k_end; ++k) {
-        const T* row = data + lane0 + k * s.k_stride;
-        for (std::int64_t w = 0; w < lanes; ++w) {
-          float& m = table[w * blocks + (b - block0)];
-          m = gmm::detail::absmax_update(m, static_cast<float>(row[w]));
-        }
-      }
-    } else {
-      for (std::int64_t w = 0; w < lanes; ++w) {
-        const T* lane = data + (lane0 + w) * s.lane_stride;
-        float m = 0.0f;
-        for (std::int64_t k = b * size; k < k_end; ++k) {
-          m = gmm::detail::absmax_update(m, static_cast<float>(lane[k * s.k_stride]));
-        }
-        table[w * blocks + (b - block0)] = m;
-      }
-    }
+    kit.absmax(side.source, lane0, lanes, b * size, std::min(side.scales.k_extent, (b + 1) * size),
+               scratch.data());
     for (std::int64_t w = 0; w < lanes; ++w) {
-      float& m = table[w * blocks + (b - block0)];
-      m = gmm::detail::absmax_scale(m, s.qtype);
+      table[w * blocks + (b - block0)] = gmm::detail::absmax_scale(scratch[w], side.source.qtype);
     }
-  }
-}
-
-inline void absmax_table(const Side& side, std::int64_t lane0, std::int64_t lanes,
-                         std::int64_t block0, std::int64_t block1, float* table) {
-  if (side.source.dtype == DType::f32) {
-    absmax_table_typed<float>(side, lane0, lanes, block0, block1, table);
-  } else {
-    absmax_table_typed<bfloat16>(side, lane0, lanes, block0, block1, table);
   }
 }
 
@@ -175,8 +146,9 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, const fl
   }
 }
 
-// Computes one task: for each contraction chunk, pack the A panels of the task's rows, then per
-// B panel pack it once and run the micro-kernel down the rows; finally store the tile.
+// Computes one task: for each contraction chunk, pack the A panels of the task's rows and the B
+// panels of its columns, then run the micro-kernel down the rows of each B panel (which stays
+// in L1 while the A block streams from L2); finally store the tile.
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -188,7 +160,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   ws.a_scales.resize(static_cast<std::size_t>(rows_padded));
   ws.b_scales.resize(static_cast<std::size_t>(ldc));
   ws.a_packed.resize((rows_padded / f.mr) * f.panel_bytes(f.mr, max_kc));
-  ws.b_packed.resize(f.panel_bytes(f.nr, max_kc));
+  ws.b_packed.resize((ldc / f.nr) * f.panel_bytes(f.nr, max_kc));
 
   // absmax tables over the contraction blocks this task touches
   std::int64_t a_block0 = 0, a_blocks = 0, b_block0 = 0, b_blocks = 0;
@@ -198,14 +170,16 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
       a_block0 = job.k_begin / size;
       a_blocks = (job.k_end - 1) / size + 1 - a_block0;
       ws.a_table.resize(static_cast<std::size_t>(rows * a_blocks));
-      absmax_table(job.a, t.a0, rows, a_block0, a_block0 + a_blocks, ws.a_table.data());
+      absmax_table(p.kit, job.a, t.a0, rows, a_block0, a_block0 + a_blocks, ws.a_table.data(),
+                   ws.absmax);
     }
     if (job.b.scales.kind == SideScales::Kind::absmax) {
       const std::int64_t size = job.b.scales.quant_block;
       b_block0 = job.k_begin / size;
       b_blocks = (job.k_end - 1) / size + 1 - b_block0;
       ws.b_table.resize(static_cast<std::size_t>(cols * b_blocks));
-      absmax_table(job.b, t.b0, cols, b_block0, b_block0 + b_blocks, ws.b_table.data());
+      absmax_table(p.kit, job.b, t.b0, cols, b_block0, b_block0 + b_blocks, ws.b_table.data(),
+                   ws.absmax);
     }
   }
 
@@ -217,18 +191,14 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     chunk_scales(job.b, t.b0, cols, ldc, k, ws.b_table.data(), b_blocks, b_block0,
                  ws.b_scales.data());
     const std::int64_t steps = f.steps(kc);
-    const std::size_t a_panel = f.panel_bytes(f.mr, kc);
-    for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
-      p.kit.pack(job.a.source, f.mr, t.a0 + ir, std::min<std::int64_t>(f.mr, rows - ir), k, kc,
-                 ws.a_scales.data() + ir, ws.a_packed.data() + (ir / f.mr) * a_panel);
-    }
+    const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
+    p.kit.pack_a(job.a.source, f.mr, t.a0, rows, k, kc, ws.a_scales.data(), ws.a_packed.data());
+    p.kit.pack_b(job.b.source, f.nr, t.b0, cols, k, kc, ws.b_scales.data(), ws.b_packed.data());
     for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
-      p.kit.pack(job.b.source, f.nr, t.b0 + jr, std::min<std::int64_t>(f.nr, cols - jr), k, kc,
-                 ws.b_scales.data() + jr, ws.b_packed.data());
       for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
-        p.kit.kernel(steps, ws.a_packed.data() + (ir / f.mr) * a_panel, ws.b_packed.data(),
-                     ws.c.data() + ir * ldc + jr, ldc, ws.a_scales.data() + ir,
-                     ws.b_scales.data() + jr, first);
+        p.kit.kernel(steps, ws.a_packed.data() + (ir / f.mr) * a_panel,
+                     ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
+                     ws.a_scales.data() + ir, ws.b_scales.data() + jr, first);
       }
     }
     first = false;

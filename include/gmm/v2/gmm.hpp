@@ -64,11 +64,11 @@ inline SideScales gmm_rhs_scales(const GmmProblem& p, std::int64_t g) {
 }  // namespace detail
 
 inline void gmm(const GmmProblem& p, const Options& options) {
-  const Isa isa = kernels::resolve_isa("gmm::v2::gmm", options.isa);
   const bool quantize = p.quantize_lhs.has_value();
   detail::Product product;
-  product.kit = kernels::select_kit(isa, detail::exact_in_bf16(p.lhs.dtype, quantize) &&
-                                             detail::exact_in_bf16(p.rhs.dtype, false));
+  product.kit = kernels::call_kit(
+      "gmm::v2::gmm", options.isa,
+      detail::exact_in_bf16(p.lhs.dtype, quantize) && detail::exact_in_bf16(p.rhs.dtype, false));
   product.tiles = detail::resolve_tiles(product.kit, options.tiles);
   product.n = p.n;
   product.segment = p.k_segment;

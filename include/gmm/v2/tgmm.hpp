@@ -63,11 +63,11 @@ inline OperandTrace tgmm_operand_trace(const Matrix& x, const std::optional<Quan
 }  // namespace detail
 
 inline void tgmm(const TgmmProblem& p, const Options& options) {
-  const Isa isa = kernels::resolve_isa("gmm::v2::tgmm", options.isa);
   detail::Product product;
   product.kit =
-      kernels::select_kit(isa, detail::exact_in_bf16(p.lhs.dtype, p.quantize_lhs.has_value()) &&
-                                   detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
+      kernels::call_kit("gmm::v2::tgmm", options.isa,
+                        detail::exact_in_bf16(p.lhs.dtype, p.quantize_lhs.has_value()) &&
+                            detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
   product.tiles = detail::resolve_tiles(product.kit, options.tiles);
   product.n = p.n;
   product.segment = p.m_segment;
