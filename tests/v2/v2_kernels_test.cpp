@@ -1,0 +1,223 @@
+// The v2 kernel kits against the portable reference: packers (widening, in-kernel quantization),
+// absmax scans and micro-kernels, bit for bit, on every ISA path this CPU runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gmm/kernels/select.hpp"
+#include "support/random.hpp"
+#include "v2/v2_cases.hpp"
+
+namespace gmm::test::v2 {
+namespace {
+
+using kernels::KernelKit;
+using kernels::PackedElement;
+using kernels::PanelOrder;
+using kernels::PanelSource;
+
+// The kits this CPU runs: every forced path, fp32 and (where there is one) bf16 data.
+std::vector<KernelKit> kits() {
+  std::vector<KernelKit> out;
+  for (Isa isa : supported_isas()) {
+    out.push_back(kernels::select_kit(isa, false));
+    if (isa == Isa::avx512bf16) out.push_back(kernels::select_kit(isa, true));
+  }
+  return out;
+}
+
+// The reference packer of a kit's format.
+kernels::PackFn reference_packer(const KernelKit& kit, PanelOrder order) {
+  using kernels::pack_reference;
+  const bool bf16 = kit.format.element == PackedElement::bf16;
+  if (order == PanelOrder::lane_major) {
+    return bf16 ? pack_reference<PackedElement::bf16, 2, PanelOrder::lane_major>
+                : pack_reference<PackedElement::f32, 1, PanelOrder::lane_major>;
+  }
+  return bf16 ? pack_reference<PackedElement::bf16, 2, PanelOrder::step_major>
+              : pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
+}
+
+// Floats that stress quantization: rounding ties and neighbours of every fp8 / int8 value's
+// midpoints (relative to a scale of 1), subnormals, the clip boundaries, zeros, infinities, NaN.
+std::vector<float> adversarial_values(Rng& rng) {
+  std::vector<float> v = {0.0f, -0.0f, 448.0f, -448.0f, 464.0f, 57344.0f, 61440.0f, -1e30f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(), 1e-40f, -3e-39f,
+                          0.5f, 1.5f, 2.5f, -0.5f, 126.5f, 127.5f, -127.5f, 128.0f};
+  for (int code = 0; code < 256; ++code) {
+    for (float x : {static_cast<float>(float8_e4m3fn::from_bits(code)),
+                    static_cast<float>(float8_e5m2::from_bits(code))}) {
+      if (!std::isfinite(x)) continue;
+      v.push_back(x);
+      v.push_back(std::nextafter(x, 1e30f));
+      v.push_back(std::nextafter(x, -1e30f));
+      v.push_back(x * 1.0625f);  // midpoints of e4m3 neighbours
+      v.push_back(x * 1.125f);   // midpoints of e5m2 neighbours
+    }
+  }
+  for (int i = 0; i < 2000; ++i) {
+    v.push_back(static_cast<float>(rng.normal() * std::exp2(rng.uniform(-30, 20))));
+  }
+  return v;
+}
+
+// One packed panel as comparable 32-bit patterns: NaNs collapse to one pattern.
+std::vector<std::uint32_t> canonical(const std::vector<unsigned char>& bytes, PackedElement e) {
+  std::vector<std::uint32_t> out;
+  const std::size_t size = e == PackedElement::f32 ? 4 : 2;
+  for (std::size_t i = 0; i + size <= bytes.size(); i += size) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, bytes.data() + i, size);
+    if (size == 2) bits <<= 16;
+    float x;
+    std::memcpy(&x, &bits, 4);
+    out.push_back(std::isnan(x) ? 0x7FC00000u : bits);
+  }
+  return out;
+}
+
+struct PackCase {
+  DType dtype;
+  bool quantize;
+  QType qtype;
+};
+
+// Every packer path: both panel orders, both source layouts, every dtype, quantization to every
+// qtype, ragged lanes and contraction lengths, against the reference packer bit for bit.
+TEST(V2Kernels, PackersMatchReference) {
+  Rng rng(7);
+  const std::vector<float> values = adversarial_values(rng);
+  const std::vector<PackCase> cases = {
+      {DType::f32, false, QType::int8},
+      {DType::bf16, false, QType::int8},
+      {DType::float8_e4m3fn, false, QType::int8},
+      {DType::float8_e5m2, false, QType::int8},
+      {DType::int8, false, QType::int8},
+      {DType::f32, true, QType::float8_e4m3fn},
+      {DType::f32, true, QType::float8_e5m2},
+      {DType::f32, true, QType::int8},
+      {DType::bf16, true, QType::float8_e4m3fn},
+      {DType::bf16, true, QType::float8_e5m2},
+      {DType::bf16, true, QType::int8},
+  };
+  const std::int64_t lanes_total = 45, k_total = 131;
+  for (const KernelKit& kit : kits()) {
+    for (const PackCase& c : cases) {
+      // bf16 packed panels only ever see data exact in bf16.
+      if (kit.format.element == PackedElement::bf16 && c.dtype == DType::f32 && !c.quantize) {
+        continue;
+      }
+      std::vector<unsigned char> data(lanes_total * k_total * size_of(c.dtype));
+      for (std::int64_t i = 0; i < lanes_total * k_total; ++i) {
+        float x = values[rng.integer(0, static_cast<std::int64_t>(values.size()) - 1)];
+        if (!c.quantize && c.dtype == DType::int8) x = static_cast<float>(rng.integer(-128, 127));
+        if (!c.quantize && is_quantized(c.dtype)) {
+          const std::uint8_t code = static_cast<std::uint8_t>(rng.integer(0, 255));
+          if (c.dtype != DType::int8) x = load_as_float(&code, c.dtype, 0);
+        }
+        store_as(data.data(), c.dtype, i, x);
+      }
+      std::vector<float> scales(lanes_total);
+      for (float& s : scales) s = rng.chance(0.2) ? 1.0f : random_scale(rng);
+      for (PanelOrder order : {PanelOrder::lane_major, PanelOrder::step_major}) {
+        for (bool lanes_contiguous : {false, true}) {
+          PanelSource src{data.data(), c.dtype, lanes_contiguous ? 1 : k_total,
+                          lanes_contiguous ? lanes_total : 1, c.quantize, c.qtype};
+          const int width = order == PanelOrder::lane_major ? kit.format.mr : kit.format.nr;
+          for (std::int64_t lanes : {std::int64_t{1}, std::int64_t{width}, lanes_total - 3}) {
+            for (std::int64_t kc : {std::int64_t{1}, std::int64_t{16}, std::int64_t{127}}) {
+              const std::int64_t panels = (lanes + width - 1) / width;
+              const std::size_t bytes = panels * kit.format.panel_bytes(width, kc);
+              std::vector<unsigned char> fast(bytes, 0xAB), slow(bytes, 0xCD);
+              const auto packer = order == PanelOrder::lane_major ? kit.pack_a : kit.pack_b;
+              packer(src, width, 2, lanes, 3, kc, scales.data() + 2, fast.data());
+              reference_packer(kit, order)(src, width, 2, lanes, 3, kc, scales.data() + 2,
+                                           slow.data());
+              EXPECT_EQ(canonical(fast, kit.format.element), canonical(slow, kit.format.element))
+                  << name(kit.isa) << " " << name(c.dtype) << " quantize=" << c.quantize << " "
+                  << name(c.qtype) << " order=" << static_cast<int>(order)
+                  << " lanes_contiguous=" << lanes_contiguous << " lanes=" << lanes
+                  << " kc=" << kc;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The absmax scan equals core/qvalue.hpp's running absmax, NaN included.
+TEST(V2Kernels, AbsmaxMatchesReference) {
+  Rng rng(8);
+  const std::vector<float> values = adversarial_values(rng);
+  const std::int64_t lanes = 37, k = 75;
+  for (const KernelKit& kit : kits()) {
+    for (DType d : {DType::f32, DType::bf16}) {
+      for (double nan_chance : {0.0, 0.002}) {
+        std::vector<unsigned char> data(lanes * k * size_of(d));
+        for (std::int64_t i = 0; i < lanes * k; ++i) {
+          float x = values[rng.integer(0, static_cast<std::int64_t>(values.size()) - 1)];
+          if (std::isnan(x) || (nan_chance > 0 && rng.chance(nan_chance))) {
+            x = nan_chance > 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f;
+          }
+          store_as(data.data(), d, i, x);
+        }
+        for (bool lanes_contiguous : {false, true}) {
+          PanelSource src{data.data(), d, lanes_contiguous ? 1 : k, lanes_contiguous ? lanes : 1};
+          std::vector<float> fast(lanes - 1), slow(lanes - 1);
+          kit.absmax(src, 1, lanes - 1, 2, k - 1, fast.data());
+          kernels::absmax_reference(src, 1, lanes - 1, 2, k - 1, slow.data());
+          for (std::int64_t w = 0; w + 1 < lanes; ++w) {
+            EXPECT_TRUE(std::isnan(slow[w]) ? std::isnan(fast[w]) : fast[w] == slow[w])
+                << name(kit.isa) << " " << name(d) << " lane " << w << ": " << fast[w] << " vs "
+                << slow[w];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Each micro-kernel computes c (= / +=) (A B) * row_scale * col_scale; with small integers
+// every sum is exact, so it must equal the scalar loop bit for bit.
+TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
+  Rng rng(9);
+  for (const KernelKit& kit : kits()) {
+    const auto& f = kit.format;
+    const std::int64_t kc = 37, steps = f.steps(kc);
+    std::vector<float> a(f.mr * kc), b(kc * f.nr);
+    for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
+    for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));
+    std::vector<float> rs(f.mr), cs(f.nr);
+    for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+    for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, f.nr};
+    const auto pack = [&](PanelOrder order) { return reference_packer(kit, order); };
+    std::vector<unsigned char> pa(f.panel_bytes(f.mr, kc)), pb(f.panel_bytes(f.nr, kc));
+    pack(PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
+    pack(PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
+    const std::int64_t ldc = f.nr + 3;
+    std::vector<float> c(f.mr * ldc, 5.0f);
+    kit.kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), true);
+    kit.kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), false);
+    for (int i = 0; i < f.mr; ++i) {
+      for (int j = 0; j < f.nr; ++j) {
+        double sum = 0;
+        for (std::int64_t k = 0; k < kc; ++k) sum += a[i * kc + k] * b[k * f.nr + j];
+        EXPECT_EQ(c[i * ldc + j], static_cast<float>(2 * sum * rs[i] * cs[j]))
+            << name(kit.isa) << " " << i << "," << j;
+      }
+      for (std::int64_t j = f.nr; j < ldc; ++j) EXPECT_EQ(c[i * ldc + j], 5.0f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gmm::test::v2
