@@ -46,7 +46,7 @@ def gflops(results, key):
     b = results.get(key)
     if b is None or b.get("error_occurred"):
         return None
-    return b.get("GFLOP/s")
+    return b.get("GFLOP")
 
 
 def row_baselines(results, p, recipe, shape):
@@ -70,7 +70,8 @@ def fmt(v):
 def table(results, shapes, p):
     families = [f for f in FAMILIES if any(k[1] == f and k[0] == p for k in results)]
     baselines = [b for b in BASELINES if any(k[1] == b and k[0] == p for k in results)]
-    head = ["shape", "recipe"] + families + [b.replace("baseline-", "") for b in baselines]
+    head = (["shape", "recipe"] + families + [b.replace("baseline-", "") for b in baselines] +
+            ["best baseline"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes:
         for recipe in RECIPES:
@@ -90,9 +91,10 @@ def table(results, shapes, p):
                 v = gflops(results, (p, b, recipe, shape))
                 if v is not None:
                     any_value = True
-                    cells.append(("**%s**" if v == best else "%s") % fmt(v))
+                    cells.append(fmt(v))
                 else:
                     cells.append("")
+            cells.append("%s %s" % (max(base)[1].replace("baseline-", ""), fmt(best)) if base else "")
             if any_value or any((p, f, recipe, shape) in results for f in families):
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -178,14 +180,15 @@ def main():
     if not path:
         parser.error("give a JSON file or --run")
     context, results, shapes = load(path)
-    keys = ["date", "host_name", "num_cpus", "gmm_threads", "gmm_mode", "gmm_compile_flags",
+    keys = ["date", "host_name", "num_cpus", "gmm_threads", "gmm_shapes", "gmm_compile_flags",
             "peak_fp32_1t", "peak_fp32_2t", "peak_bf16_1t", "peak_bf16_2t", "peak_read_1t",
             "peak_read_2t", "peak_fp32_isa", "peak_bf16_isa", "eigen", "openblas", "onednn"]
+    keys += sorted(k for k in context if k.startswith("shape_"))
     for k in keys:
         if k in context:
             print("- %s: %s" % (k, context[k]))
     for p in PASSES:
-        print("\n### %s (GFLOP/s; ratio to the row's best baseline, in bold)\n" % p)
+        print("\n### %s: GFLOP/s (ratio to the row's best baseline)\n" % p)
         print(table(results, shapes, p))
     errs = errors(results)
     if errs:

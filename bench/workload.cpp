@@ -34,9 +34,9 @@ bool is_fp8(Recipe recipe) {
   return recipe == Recipe::fp8 || recipe == Recipe::fp8_block || recipe == Recipe::fp8_static;
 }
 
-const std::vector<Shape>& full_shapes() {
+const std::vector<Shape>& shapes(ShapeSet set) {
   using D = GroupDistribution;
-  static const std::vector<Shape> shapes = {
+  static const std::vector<Shape> full = {
       {"dsv3-up", 256, 4096, 7168, 1024, D::multinomial},
       {"dsv3-down", 256, 4096, 1024, 7168, D::multinomial},
       {"gptoss", 128, 8192, 2880, 2880, D::multinomial},
@@ -46,16 +46,34 @@ const std::vector<Shape>& full_shapes() {
       {"decode", 8, 8, 4096, 4096, D::one_each},
       {"skewed", 64, 8192, 2048, 1408, D::zipf},
   };
-  return shapes;
-}
-
-const std::vector<Shape>& quick_shapes() {
-  using D = GroupDistribution;
-  static const std::vector<Shape> shapes = {
+  static const std::vector<Shape> scaled = {
+      {"dsv3-up", 32, 512, 7168, 1024, D::multinomial},
+      {"dsv3-down", 32, 512, 1024, 7168, D::multinomial},
+      {"gptoss", 16, 1024, 2880, 2880, D::multinomial},
+      {"qwen3-30b", 32, 2048, 2048, 768, D::multinomial},
+      {"mixtral", 2, 512, 4096, 14336, D::multinomial},
+      {"compute-bound", 8, 1024, 4096, 4096, D::first_takes_all},
+      {"decode", 8, 8, 4096, 4096, D::one_each},
+      {"skewed", 64, 2048, 2048, 1408, D::zipf},
+  };
+  static const std::vector<Shape> quick = {
       {"mini", 8, 512, 512, 256, D::multinomial},
       {"mini-decode", 8, 8, 1024, 512, D::one_each},
   };
-  return shapes;
+  return set == ShapeSet::full ? full : set == ShapeSet::quick ? quick : scaled;
+}
+
+std::string_view name(ShapeSet set) {
+  return set == ShapeSet::full    ? "full (design.md section 7)"
+         : set == ShapeSet::quick ? "quick (CI smoke)"
+                                  : "scaled (design.md section 7 with fewer experts and rows)";
+}
+
+std::string describe(const Shape& shape) {
+  constexpr std::string_view distributions[] = {"uniform multinomial", "gs=[M, 0, ...]",
+                                                "gs=[1, ...]", "Zipf(1.2)"};
+  return fmt::format("G={} M={} K={} N={}, {}", shape.groups, shape.m, shape.k, shape.n,
+                     distributions[static_cast<int>(shape.distribution)]);
 }
 
 std::vector<std::int32_t> make_group_sizes(const Shape& shape) {

@@ -32,9 +32,15 @@ struct Shape {
   GroupDistribution distribution = GroupDistribution::multinomial;
 };
 
-// design.md section 7, and the two small shapes of --quick (CI smoke).
-const std::vector<Shape>& full_shapes();
-const std::vector<Shape>& quick_shapes();
+// The shapes of a run. full: design.md section 7 exactly (--full-size; tens of GB of operands
+// and about an hour on 2 cores). scaled (default): the same shapes with fewer experts and rows
+// but the same K, N, rows per expert and group distribution, so the per-expert products and the
+// weight streaming they exercise are those of the full shapes, in about 5 minutes. quick: two
+// small shapes for CI smoke (--quick).
+enum class ShapeSet { scaled, full, quick };
+const std::vector<Shape>& shapes(ShapeSet set);
+std::string_view name(ShapeSet set);
+std::string describe(const Shape& shape);  // "G=.. M=.. K=.. N=.., <group distribution>"
 
 // Seeded (fixed seed) group sizes of a shape: uniform multinomial, [M, 0...], [1...] or Zipf(1.2).
 std::vector<std::int32_t> make_group_sizes(const Shape& shape);
@@ -42,7 +48,7 @@ std::vector<std::int32_t> make_group_sizes(const Shape& shape);
 // Settings shared by every benchmark of a run, fixed before registration.
 struct RunConfig {
   int threads = 2;
-  bool quick = false;
+  ShapeSet shape_set = ShapeSet::scaled;
   double memory_budget_bytes = 10e9;  // operands kept cached; least recently used are dropped
 };
 RunConfig& run_config();
