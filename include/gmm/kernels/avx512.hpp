@@ -16,11 +16,12 @@
 #define GMM_TARGET_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")))
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -W(maybe-)uninitialized
 // reports once inlined (GCC PR 105593); the values are fully defined.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace gmm::kernels {
@@ -165,6 +166,99 @@ GMM_TARGET_AVX512 inline __m512i to_bf16_pairs(__m512 a, __m512 b) {
 
 // ---- Packers ------------------------------------------------------------------------------
 
+// Transposes a 16 x 16 fp32 tile held in 16 registers (64 shuffles).
+GMM_TARGET_AVX512 inline void transpose16(__m512 (&r)[16]) {
+  __m512 a[16], b[16];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    a[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    a[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  // b[4k + c], 128-bit lane L: rows 4k .. 4k + 3 at column 4L + c
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    b[4 * k] = _mm512_shuffle_ps(a[4 * k], a[4 * k + 2], 0x44);
+    b[4 * k + 1] = _mm512_shuffle_ps(a[4 * k], a[4 * k + 2], 0xEE);
+    b[4 * k + 2] = _mm512_shuffle_ps(a[4 * k + 1], a[4 * k + 3], 0x44);
+    b[4 * k + 3] = _mm512_shuffle_ps(a[4 * k + 1], a[4 * k + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512 low_x = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44);
+    const __m512 high_x = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xEE);
+    const __m512 low_y = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);
+    const __m512 high_y = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(low_x, low_y, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(low_x, low_y, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(high_x, high_y, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(high_x, high_y, 0xDD);
+  }
+}
+
+// Packs panels from a source laid out across the panel order (A panels of a source whose lanes
+// are contiguous, B panels of one whose contraction runs are): 16 x 16 tiles are read as
+// contiguous runs, widened / quantized, transposed in registers and stored.
+template <PackedElement kElement, PanelOrder kOrder, DType kDtype, QType kQ, bool kQuantize>
+GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width,
+                                               std::int64_t lane0, std::int64_t lanes,
+                                               std::int64_t k0, std::int64_t kc,
+                                               const float* lane_scales, void* out) {
+  constexpr int depth = kElement == PackedElement::bf16 ? 2 : 1;
+  constexpr bool runs_along_lanes = kOrder == PanelOrder::lane_major;
+  using Element = std::conditional_t<kElement == PackedElement::f32, float, std::uint16_t>;
+  const std::int64_t steps = (kc + depth - 1) / depth, padded_k = steps * depth;
+  const std::int64_t panels = (lanes + width - 1) / width, panel_lanes = panels * width;
+  Element* const packed = static_cast<Element*>(out);
+  const auto at = [&](std::int64_t lane, std::int64_t step) {  // element (lane, step, 0)
+    return packed + (lane / width) * padded_k * width +
+           (runs_along_lanes ? (lane % width) * padded_k + step * depth
+                             : (step * width + lane % width) * depth);
+  };
+  for (std::int64_t lane = 0; lane < panel_lanes; lane += 16) {
+    const __mmask16 live = first_lanes(lanes - lane);
+    const __m512 lane_scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane);
+    for (std::int64_t k = 0; k < padded_k; k += 16) {
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        if (runs_along_lanes) {  // run i: contraction index k + i, 16 lanes
+          const __mmask16 valid = k + i < kc ? live : 0;
+          r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
+              src.data, (lane0 + lane) * src.lane_stride + (k0 + k + i) * src.k_stride, 1, valid,
+              lane_scale);
+        } else {  // run i: lane + i, 16 contraction indices
+          const __mmask16 valid = ((live >> i) & 1) ? first_lanes(kc - k) : 0;
+          const __m512 scale = _mm512_set1_ps(((live >> i) & 1) ? lane_scales[lane + i] : 1.0f);
+          r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
+              src.data, (lane0 + lane + i) * src.lane_stride + (k0 + k) * src.k_stride, 1, valid,
+              scale);
+        }
+      }
+      transpose16(r);
+      if constexpr (runs_along_lanes) {  // r[l]: lane + l over contraction k .. k + 15
+        const __mmask16 store = first_lanes(padded_k - k);
+        for (int l = 0; l < 16 && lane + l < panel_lanes; ++l) {
+          Element* dst = at(lane + l, 0) + k;
+          if constexpr (kElement == PackedElement::f32) {
+            _mm512_mask_storeu_ps(dst, store, r[l]);
+          } else {
+            _mm256_mask_storeu_epi16(dst, store, to_bf16_words(r[l]));
+          }
+        }
+      } else {  // r[j]: contraction index k + j over lanes lane .. lane + 15
+        for (int j = 0; j < 16 && k + j < padded_k; j += depth) {
+          Element* dst = at(lane, (k + j) / depth);
+          if constexpr (kElement == PackedElement::f32) {
+            _mm512_storeu_ps(dst, r[j]);
+          } else {
+            _mm512_storeu_si512(dst, to_bf16_pairs(r[j], r[j + 1]));
+          }
+        }
+      }
+    }
+  }
+}
+
 // How many contraction steps ahead the B packer prefetches its source rows: each step starts a
 // new row (often a new page), which the hardware prefetchers do not follow.
 constexpr std::int64_t kPrefetchSteps = 6;
@@ -234,9 +328,13 @@ template <PackedElement kElement, PanelOrder kOrder>
 GMM_TARGET_AVX512 void pack_avx512(const PanelSource& src, int width, std::int64_t lane0,
                                    std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                                    const float* lane_scales, void* out) {
-#define GMM_PACK(D, Q, QUANTIZE)                                                               \
-  return pack_avx512_typed<kElement, kOrder, D, Q, QUANTIZE>(src, width, lane0, lanes, k0, kc, \
-                                                             lane_scales, out)
+  const bool transposing =
+      kOrder == PanelOrder::lane_major ? src.k_stride != 1 : src.lane_stride != 1;
+#define GMM_PACK(D, Q, QUANTIZE)                                                  \
+  return transposing ? pack_avx512_transposing<kElement, kOrder, D, Q, QUANTIZE>( \
+                           src, width, lane0, lanes, k0, kc, lane_scales, out)    \
+                     : pack_avx512_typed<kElement, kOrder, D, Q, QUANTIZE>(       \
+                           src, width, lane0, lanes, k0, kc, lane_scales, out)
   constexpr QType e4 = QType::float8_e4m3fn;
   if (src.quantize) {
     const bool f32 = src.dtype == DType::f32;
