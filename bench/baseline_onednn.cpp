@@ -73,31 +73,29 @@ std::vector<GroupCall> make_calls(Pass pass, const Workload& w, memory::data_typ
 
 void run_onednn(benchmark::State& state, const Case& c) {
   Workload& w = workload(*c.shape);
-  const gmm::DType dtype = input_dtype(c.recipe);
+  const gmm::DType dtype = dense_dtype(c.recipe);
   const memory::data_type type =
       c.recipe == Recipe::fp32 ? memory::data_type::f32 : memory::data_type::bf16;
   const bool drhs = c.pass == Pass::drhs;
   try {
-    const OperandPtr lhs = c.pass == Pass::dlhs ? w.output_gradient(dtype) : w.activations(dtype);
-    const OperandPtr rhs = drhs ? w.output_gradient(dtype) : w.weights(dtype);
-    const OperandPtr out = w.output(c.pass, dtype);
+    const PassOperands ops = w.operands(c.pass, dtype);
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
     std::string impl;
     const std::vector<GroupCall> calls =
-        make_calls(c.pass, w, type, engine, *lhs, *rhs, *out, &impl);
+        make_calls(c.pass, w, type, engine, *ops.lhs, *ops.rhs, *ops.out, &impl);
     const std::size_t block_bytes =
         static_cast<std::size_t>(c.shape->k * c.shape->n) * gmm::size_of(dtype);
     const LoopTime time = time_calls(state, w, [&] {
       for (std::int64_t g = 0; drhs && g < c.shape->groups; ++g) {
         if (w.group_sizes()[g] == 0) {
-          std::memset(static_cast<char*>(out->data) + g * block_bytes, 0, block_bytes);
+          std::memset(static_cast<char*>(ops.out->data) + g * block_bytes, 0, block_bytes);
         }
       }
       for (const GroupCall& call : calls) call.primitive.execute(stream, call.args);
       stream.wait();
     });
-    set_counters(state, c, w, time, weight_bytes(c, w, drhs ? *out : *rhs), 0);
+    set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0);
     state.SetLabel(impl);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());

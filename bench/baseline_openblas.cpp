@@ -36,15 +36,11 @@ void sgemm_grouped(Pass pass, const Workload& w, const float* lhs, const float* 
 
 void run_openblas(benchmark::State& state, const Case& c) {
   Workload& w = workload(*c.shape);
-  const bool drhs = c.pass == Pass::drhs;
-  const OperandPtr lhs =
-      c.pass == Pass::dlhs ? w.output_gradient(gmm::DType::f32) : w.activations(gmm::DType::f32);
-  const OperandPtr rhs = drhs ? w.output_gradient(gmm::DType::f32) : w.weights(gmm::DType::f32);
-  const OperandPtr out = w.output(c.pass, gmm::DType::f32);
+  const PassOperands ops = w.operands(c.pass, gmm::DType::f32);
   const LoopTime time = time_calls(state, w, [&] {
-    sgemm_grouped(c.pass, w, lhs->as<float>(), rhs->as<float>(), out->as<float>());
+    sgemm_grouped(c.pass, w, ops.lhs->as<float>(), ops.rhs->as<float>(), ops.out->as<float>());
   });
-  set_counters(state, c, w, time, weight_bytes(c, w, drhs ? *out : *rhs), 0);
+  set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0);
   // OpenBLAS workers spin for a while after a call; let them sleep before the next benchmark.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }

@@ -31,38 +31,30 @@ void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan) {
   options.family = plan.family(c.pass, pass_shape(c, w));
   options.threads = run_config().threads;
   options.trace = &trace;
-  const gmm::DType in = input_dtype(c.recipe);
-  const gmm::DType out = output_dtype(c.recipe);
   const Shape& s = *c.shape;
   try {
-    OperandPtr touched;  // the [G, K, N] operand, for weight GB/s
+    PassOperands ops = w.operands(c.pass, dense_dtype(c.recipe));
     LoopTime time;
     if (c.pass == Pass::drhs) {
-      const OperandPtr x = w.activations(in);
-      const OperandPtr dy = w.output_gradient(in);
-      const OperandPtr dw = w.output(c.pass, out);
       if (is_fp8(c.recipe)) {
         options.quantize_lhs = activation_quantization(c.recipe, s.m);
         options.quantize_rhs = activation_quantization(c.recipe, s.m);
       }
       time = time_calls(state, w, [&] {
-        gmm::tgmm(x->matrix(), dy->matrix(), w.group_sizes(), dw->out_grouped(), options);
+        gmm::tgmm(ops.lhs->matrix(), ops.rhs->matrix(), w.group_sizes(), ops.out->out_grouped(),
+                  options);
       });
-      touched = dw;
     } else {
-      const bool fwd = c.pass == Pass::fwd;
-      const OperandPtr lhs = fwd ? w.activations(in) : w.output_gradient(in);
-      const OperandPtr rhs =
-          is_fp8(c.recipe) ? w.fp8_weights(weight_block(c.recipe, c.pass, s)) : w.weights(in);
-      const OperandPtr result = w.output(c.pass, out);
-      options.transpose_rhs = !fwd;
-      if (is_fp8(c.recipe)) options.quantize_lhs = activation_quantization(c.recipe, lhs->cols);
+      if (is_fp8(c.recipe)) {
+        ops.rhs = w.fp8_weights(weight_block(c.recipe, c.pass, s));
+        options.quantize_lhs = activation_quantization(c.recipe, ops.lhs->cols);
+      }
+      options.transpose_rhs = c.pass == Pass::dlhs;
       time = time_calls(state, w, [&] {
-        gmm::gmm(lhs->matrix(), rhs->grouped(), w.group_sizes(), result->out(), options);
+        gmm::gmm(ops.lhs->matrix(), ops.rhs->grouped(), w.group_sizes(), ops.out->out(), options);
       });
-      touched = rhs;
     }
-    set_counters(state, c, w, time, weight_bytes(c, w, *touched), trace.extra_bytes);
+    set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), trace.extra_bytes);
     if (!trace.op.empty()) state.SetLabel(describe(trace));
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());

@@ -301,6 +301,14 @@ OperandPtr Workload::output(Pass pass, gmm::DType dtype) {
   return dense("dw", dtype, shape_.groups, shape_.k, shape_.n, 0, true);
 }
 
+PassOperands Workload::operands(Pass pass, gmm::DType dtype) {
+  PassOperands ops;
+  ops.lhs = pass == Pass::dlhs ? output_gradient(dtype) : activations(dtype);
+  ops.rhs = pass == Pass::drhs ? output_gradient(dtype) : weights(dtype);
+  ops.out = output(pass, dtype);
+  return ops;
+}
+
 OperandPtr Workload::scratch(const std::string& tag, std::int64_t groups, std::int64_t rows,
                              std::int64_t cols) {
   return dense("scratch-" + tag, gmm::DType::f32, groups, rows, cols, 0, true);
@@ -321,11 +329,9 @@ double case_flops(const Workload& w) {
          static_cast<double>(w.shape().n);
 }
 
-gmm::DType input_dtype(Recipe recipe) {
+gmm::DType dense_dtype(Recipe recipe) {
   return recipe == Recipe::fp32 ? gmm::DType::f32 : gmm::DType::bf16;
 }
-
-gmm::DType output_dtype(Recipe recipe) { return input_dtype(recipe); }
 
 std::int64_t fp8_block_extent(std::int64_t extent) {
   std::int64_t block = 128;

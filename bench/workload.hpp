@@ -74,6 +74,13 @@ struct Operand {
 };
 using OperandPtr = std::shared_ptr<const Operand>;
 
+// The operands of a pass in one dense dtype: fwd x, w -> y; dlhs dy, w -> dx; drhs x, dy -> dw.
+struct PassOperands {
+  OperandPtr lhs, rhs, out;
+  // The [G, K, N] operand (the weights, or the weight gradient for drhs), for weight GB/s.
+  const Operand& weight_like(Pass pass) const { return pass == Pass::drhs ? *out : *rhs; }
+};
+
 // The data of one shape, created on first use and cached (values are uniform in [-1, 1) from a
 // counter-based hash, so every dtype of an operand holds roundings of the same numbers). Asking
 // for another shape's workload drops this one's operands.
@@ -92,6 +99,7 @@ class Workload {
   OperandPtr weights(gmm::DType dtype);            // w [G, K, N]
   OperandPtr fp8_weights(gmm::BlockShape block);   // e4m3fn w [G, K, N], gmm::quantize'd once
   OperandPtr output(Pass pass, gmm::DType dtype);  // y [M, N], dx [M, K] or dw [G, K, N]
+  PassOperands operands(Pass pass, gmm::DType dtype);
   // A zeroed f32 scratch buffer [groups, rows, cols], for baselines.
   OperandPtr scratch(const std::string& tag, std::int64_t groups, std::int64_t rows,
                      std::int64_t cols);
@@ -120,9 +128,8 @@ struct Case {
 // Flops of a case: 2 * sum(group_sizes) * K * N.
 double case_flops(const Workload& w);
 
-// Operand dtypes of a recipe: inputs f32 for fp32, bf16 otherwise; outputs likewise.
-gmm::DType input_dtype(Recipe recipe);
-gmm::DType output_dtype(Recipe recipe);
+// Dtype of the unquantized operands and of the outputs of a recipe: f32 for fp32, else bf16.
+gmm::DType dense_dtype(Recipe recipe);
 
 // Scale block of the stored e4m3fn weights [G, K, N] of a recipe and pass: per channel
 // {1, K, 1} for fwd (one scale per output column), {1, 1, N} for dlhs (one scale per row of the
