@@ -2,6 +2,7 @@
 // their vectorized packers (exact widening of bf16 / fp8 / int8, in-kernel quantization).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -385,22 +386,36 @@ GMM_TARGET_AVX512 void absmax_avx512_typed(const PanelSource& src, std::int64_t 
       }
       absmax[w] = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
     }
-  } else {
-    for (std::int64_t w = 0; w < lanes; w += 16) {
-      const __mmask16 valid = first_lanes(lanes - w);
-      __m512 m = _mm512_setzero_ps();
-      __mmask16 nan = 0;
+  } else {  // lanes contiguous: sweep row by row, up to 256 lanes at a time
+    constexpr std::int64_t kBlock = 256;
+    for (std::int64_t w0 = 0; w0 < lanes; w0 += kBlock) {
+      const std::int64_t count = std::min(kBlock, lanes - w0);
+      __m512 m[kBlock / 16];
+      __mmask16 nan[kBlock / 16] = {};
+      for (auto& v : m) v = _mm512_setzero_ps();
       for (std::int64_t k = k_begin; k < k_end; ++k) {
-        const std::int64_t index = (lane0 + w) * src.lane_stride + k * src.k_stride;
-        const __m512 a = _mm512_andnot_ps(
-            sign, src.lane_stride == 1
-                      ? load16<kDtype>(src.data, index, valid)
-                      : load16_strided<kDtype>(src.data, index, src.lane_stride, valid));
-        nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-        m = _mm512_max_ps(m, a);
+        const std::int64_t row = (lane0 + w0) * src.lane_stride + k * src.k_stride;
+        if (k + 4 < k_end) {
+          _mm_prefetch(static_cast<const char*>(src.data) +
+                           (row + 4 * src.k_stride) * static_cast<std::int64_t>(size_of(kDtype)),
+                       _MM_HINT_T0);
+        }
+        for (std::int64_t v = 0; v * 16 < count; ++v) {
+          const std::int64_t index = row + v * 16 * src.lane_stride;
+          const __mmask16 valid = first_lanes(count - v * 16);
+          const __m512 a = _mm512_andnot_ps(
+              sign, src.lane_stride == 1
+                        ? load16<kDtype>(src.data, index, valid)
+                        : load16_strided<kDtype>(src.data, index, src.lane_stride, valid));
+          nan[v] |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+          m[v] = _mm512_max_ps(m[v], a);
+        }
       }
-      m = _mm512_mask_mov_ps(m, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
-      _mm512_mask_storeu_ps(absmax + w, valid, m);
+      for (std::int64_t v = 0; v * 16 < count; ++v) {
+        const __m512 out = _mm512_mask_mov_ps(
+            m[v], nan[v], _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+        _mm512_mask_storeu_ps(absmax + w0 + v * 16, first_lanes(count - v * 16), out);
+      }
     }
   }
 }

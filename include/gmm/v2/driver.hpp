@@ -34,12 +34,20 @@ struct Side {
   SideScales scales;
 };
 
+// Absmax scales of one side over the contraction blocks a job touches, computed once per job
+// before its tasks run: scale(lane, block) = values[(lane - lane_begin) * blocks + block - block0].
+struct AbsmaxTable {
+  std::vector<float> values;
+  std::int64_t lane_begin = 0, block0 = 0, blocks = 0;
+};
+
 // One group's product: C lanes [a_begin, a_end) x [0, n) over contraction [k_begin, k_end);
 // element (i, j) of C is stored at out + (i * row_stride + j) elements.
 struct Job {
   Side a, b;
   std::int64_t a_begin = 0, a_end = 0, k_begin = 0, k_end = 0;
   void* out = nullptr;
+  AbsmaxTable a_table, b_table;
 };
 
 // The whole call: its jobs and everything they share.
@@ -54,16 +62,15 @@ struct Product {
   std::vector<Job> jobs;
 };
 
-// Per-thread buffers: packed panels, the fp32 tile of C, per-lane scales and absmax tables.
+// Per-thread buffers: packed panels, the fp32 tile of C and per-lane scales.
 struct Workspace {
   std::vector<unsigned char> a_packed, b_packed;
-  std::vector<float> c, a_scales, b_scales, a_table, b_table, absmax;
+  std::vector<float> c, a_scales, b_scales;
 
   std::int64_t bytes() const {
-    return static_cast<std::int64_t>(a_packed.capacity() + b_packed.capacity() +
-                                     sizeof(float) *
-                                         (c.capacity() + a_scales.capacity() + b_scales.capacity() +
-                                          a_table.capacity() + b_table.capacity()));
+    return static_cast<std::int64_t>(
+        a_packed.capacity() + b_packed.capacity() +
+        sizeof(float) * (c.capacity() + a_scales.capacity() + b_scales.capacity()));
   }
 };
 
@@ -81,27 +88,26 @@ inline std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
   return (x + multiple - 1) / multiple * multiple;
 }
 
-// Absmax scales of lanes [lane0, lane0 + lanes) and contraction blocks [block0, block1) of an
-// f32 / bf16 source, as table[lane][block - block0] (core/qvalue.hpp rules).
-inline void absmax_table(const kernels::KernelKit& kit, const Side& side, std::int64_t lane0,
-                         std::int64_t lanes, std::int64_t block0, std::int64_t block1, float* table,
-                         std::vector<float>& scratch) {
-  const std::int64_t blocks = block1 - block0, size = side.scales.quant_block;
+// Fills the absmax scales of lanes [lane0, lane0 + lanes) of one side into its job's table
+// (core/qvalue.hpp rules).
+inline void fill_absmax_table(const kernels::KernelKit& kit, const Side& side, AbsmaxTable& table,
+                              std::int64_t lane0, std::int64_t lanes, std::vector<float>& scratch) {
+  const std::int64_t size = side.scales.quant_block;
   scratch.resize(static_cast<std::size_t>(lanes));
-  for (std::int64_t b = block0; b < block1; ++b) {
+  for (std::int64_t b = table.block0; b < table.block0 + table.blocks; ++b) {
     kit.absmax(side.source, lane0, lanes, b * size, std::min(side.scales.k_extent, (b + 1) * size),
                scratch.data());
     for (std::int64_t w = 0; w < lanes; ++w) {
-      table[w * blocks + (b - block0)] = gmm::detail::absmax_scale(scratch[w], side.source.qtype);
+      table.values[(lane0 - table.lane_begin + w) * table.blocks + (b - table.block0)] =
+          gmm::detail::absmax_scale(scratch[w], side.source.qtype);
     }
   }
 }
 
 // Scales of one side for lanes [lane0, lane0 + lanes) in the contraction chunk starting at k
-// (padded lanes up to `padded` get 0); `table` holds absmax scales from block `block0` on.
-inline void chunk_scales(const Side& side, std::int64_t lane0, std::int64_t lanes,
-                         std::int64_t padded, std::int64_t k, const float* table,
-                         std::int64_t table_blocks, std::int64_t block0, float* out) {
+// (padded lanes up to `padded` get 0).
+inline void chunk_scales(const Side& side, const AbsmaxTable& table, std::int64_t lane0,
+                         std::int64_t lanes, std::int64_t padded, std::int64_t k, float* out) {
   const SideScales& s = side.scales;
   for (std::int64_t w = 0; w < lanes; ++w) {
     switch (s.kind) {
@@ -115,7 +121,8 @@ inline void chunk_scales(const Side& side, std::int64_t lane0, std::int64_t lane
         out[w] = s.data[((lane0 + w) / s.lane_block) * s.lane_step + (k / s.k_block) * s.k_step];
         break;
       case SideScales::Kind::absmax:
-        out[w] = table[w * table_blocks + (k / s.quant_block - block0)];
+        out[w] = table.values[(lane0 - table.lane_begin + w) * table.blocks +
+                              (k / s.quant_block - table.block0)];
         break;
     }
   }
@@ -162,34 +169,11 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   ws.a_packed.resize((rows_padded / f.mr) * f.panel_bytes(f.mr, max_kc));
   ws.b_packed.resize((ldc / f.nr) * f.panel_bytes(f.nr, max_kc));
 
-  // absmax tables over the contraction blocks this task touches
-  std::int64_t a_block0 = 0, a_blocks = 0, b_block0 = 0, b_blocks = 0;
-  if (job.k_end > job.k_begin) {
-    if (job.a.scales.kind == SideScales::Kind::absmax) {
-      const std::int64_t size = job.a.scales.quant_block;
-      a_block0 = job.k_begin / size;
-      a_blocks = (job.k_end - 1) / size + 1 - a_block0;
-      ws.a_table.resize(static_cast<std::size_t>(rows * a_blocks));
-      absmax_table(p.kit, job.a, t.a0, rows, a_block0, a_block0 + a_blocks, ws.a_table.data(),
-                   ws.absmax);
-    }
-    if (job.b.scales.kind == SideScales::Kind::absmax) {
-      const std::int64_t size = job.b.scales.quant_block;
-      b_block0 = job.k_begin / size;
-      b_blocks = (job.k_end - 1) / size + 1 - b_block0;
-      ws.b_table.resize(static_cast<std::size_t>(cols * b_blocks));
-      absmax_table(p.kit, job.b, t.b0, cols, b_block0, b_block0 + b_blocks, ws.b_table.data(),
-                   ws.absmax);
-    }
-  }
-
   bool first = true;
   for (std::int64_t k = job.k_begin; k < job.k_end;) {
     const std::int64_t kc = std::min({job.k_end, (k / p.segment + 1) * p.segment, k + max_kc}) - k;
-    chunk_scales(job.a, t.a0, rows, rows_padded, k, ws.a_table.data(), a_blocks, a_block0,
-                 ws.a_scales.data());
-    chunk_scales(job.b, t.b0, cols, ldc, k, ws.b_table.data(), b_blocks, b_block0,
-                 ws.b_scales.data());
+    chunk_scales(job.a, job.a_table, t.a0, rows, rows_padded, k, ws.a_scales.data());
+    chunk_scales(job.b, job.b_table, t.b0, cols, ldc, k, ws.b_scales.data());
     const std::int64_t steps = f.steps(kc);
     const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
     p.kit.pack_a(job.a.source, f.mr, t.a0, rows, k, kc, ws.a_scales.data(), ws.a_packed.data());
@@ -219,9 +203,45 @@ inline Tiles resolve_tiles(const kernels::KernelKit& kit, const Tiles& requested
           pick(requested.n, kit.tiles.n, kit.format.nr)};
 }
 
-// Splits every job into tasks (independent of the thread count, so results are too) and runs
-// them on `threads` workers. Returns the peak bytes of all per-thread buffers.
-inline std::int64_t run_product(const Product& p, int threads, int* threads_used) {
+// Computes the absmax tables, splits every job into tasks (independent of the thread count, so
+// results are too) and runs them on `threads` workers. Returns the peak bytes of all buffers.
+inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
+  // absmax scales of in-kernel quantization: once per job, in lane chunks
+  struct TableTask {
+    std::int64_t job;
+    bool a_side;
+    std::int64_t lane0, lanes;
+  };
+  constexpr std::int64_t kTableLanes = 256;
+  std::vector<TableTask> table_tasks;
+  std::int64_t table_bytes = 0;
+  for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
+    Job& job = p.jobs[j];
+    for (bool a_side : {true, false}) {
+      const Side& side = a_side ? job.a : job.b;
+      if (side.scales.kind != SideScales::Kind::absmax || job.k_end <= job.k_begin) continue;
+      AbsmaxTable& table = a_side ? job.a_table : job.b_table;
+      const std::int64_t begin = a_side ? job.a_begin : 0, end = a_side ? job.a_end : p.n;
+      const std::int64_t size = side.scales.quant_block;
+      table.lane_begin = begin;
+      table.block0 = job.k_begin / size;
+      table.blocks = (job.k_end - 1) / size + 1 - table.block0;
+      table.values.resize(static_cast<std::size_t>((end - begin) * table.blocks));
+      table_bytes += static_cast<std::int64_t>(table.values.size() * sizeof(float));
+      for (std::int64_t l = begin; l < end; l += kTableLanes) {
+        table_tasks.push_back({j, a_side, l, std::min(kTableLanes, end - l)});
+      }
+    }
+  }
+  std::vector<std::vector<float>> scratch(static_cast<std::size_t>(std::max(1, threads)));
+  parallel_for(
+      static_cast<std::int64_t>(table_tasks.size()), threads, [&](std::int64_t i, int worker) {
+        const TableTask& t = table_tasks[i];
+        Job& job = p.jobs[t.job];
+        fill_absmax_table(p.kit, t.a_side ? job.a : job.b, t.a_side ? job.a_table : job.b_table,
+                          t.lane0, t.lanes, scratch[worker]);
+      });
+
   std::vector<Task> tasks;
   for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
     const Job& job = p.jobs[j];
@@ -238,8 +258,9 @@ inline std::int64_t run_product(const Product& p, int threads, int* threads_used
   std::vector<Workspace> spaces(static_cast<std::size_t>(workers));
   parallel_for(static_cast<std::int64_t>(tasks.size()), workers,
                [&](std::int64_t i, int worker) { run_task(p, tasks[i], spaces[worker]); });
-  std::int64_t bytes = 0;
+  std::int64_t bytes = table_bytes;
   for (const Workspace& w : spaces) bytes += w.bytes();
+  for (const auto& v : scratch) bytes += static_cast<std::int64_t>(v.capacity() * sizeof(float));
   return bytes;
 }
 
