@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,28 +45,44 @@ struct GroupPattern {
   std::int64_t group_offset = 0;
 };
 
-// Every group pattern of the issue for row tile tm: one group, empty groups, sum(sizes) < M,
-// M not a multiple of tm, a one-row group, tiles shared by several groups, expert-parallel
-// shards (leading and trailing), no row owned at all, and random sizes with zeros.
-inline std::vector<GroupPattern> group_patterns(std::int64_t tm, Rng& rng) {
-  const auto t = static_cast<std::int32_t>(tm);
-  std::vector<GroupPattern> p;
-  p.push_back({"one group", 2 * tm + 3, {2 * t + 3}, 1, 0});
-  p.push_back({"empty groups", 3 * tm, {t + 1, 0, t - 1, 0, t}, 5, 0});
-  p.push_back({"rows past the groups", 3 * tm + 1, {t / 2 + 1, t, 1}, 3, 0});
-  p.push_back({"M not a multiple of tm", 2 * tm + 1, {t + 2, t - 1}, 2, 0});
-  p.push_back({"one-row groups", tm + 3, {1, t + 1, 1}, 3, 0});
-  p.push_back({"tile shared by many groups", tm + 4, {1, 1, 0, 1, t - 1, 2}, 6, 0});
-  p.push_back({"shard in the middle", 3 * tm + 2, {t, 1, 0, t + 1, 2, t - 2}, 3, 2});
-  p.push_back({"last shard", 2 * tm + 2, {t, t, 1, 1}, 2, 2});
-  p.push_back({"no row owned", tm + 1, {0, 0}, 2, 0});
+// Random sizes with zeros over up to 4 tiles of rows, a random shard of them local.
+inline GroupPattern random_pattern(Rng& rng, std::int64_t tm) {
   const std::int64_t experts = rng.integer(2, 7);
   const std::int64_t m = rng.integer(1, 4 * tm);
-  GroupPattern random{"random sizes with zeros", m,
-                      random_group_sizes(rng, experts, rng.integer(0, m), 0.3), experts, 0};
-  random.local_groups = rng.integer(1, experts);
-  random.group_offset = rng.integer(0, experts - random.local_groups);
-  p.push_back(random);
+  GroupPattern p{"random sizes with zeros", m,
+                 random_group_sizes(rng, experts, rng.integer(0, m), 0.3), 1, 0};
+  p.local_groups = rng.integer(1, experts);
+  p.group_offset = rng.integer(0, experts - p.local_groups);
+  return p;
+}
+
+// A pattern of the given global sizes with `extra` rows past them.
+inline GroupPattern pattern_of(std::string name, std::vector<std::int32_t> sizes,
+                               std::int64_t extra_rows, std::int64_t local_groups,
+                               std::int64_t group_offset) {
+  std::int64_t m = extra_rows;
+  for (std::int32_t s : sizes) m += s;
+  return {std::move(name), m, std::move(sizes), local_groups, group_offset};
+}
+
+// Every group pattern of the issue for row tile tm: one group, empty groups, sum(sizes) < M,
+// M not a multiple of tm, one-row groups, tiles shared by several groups, expert-parallel
+// shards (in the middle and last), no row owned at all, and random sizes with zeros.
+inline std::vector<GroupPattern> group_patterns(std::int64_t tm, Rng& rng) {
+  const auto t = static_cast<std::int32_t>(tm);
+  const auto at_least = [](std::int32_t floor, std::int32_t v) { return std::max(floor, v); };
+  std::vector<GroupPattern> p;
+  p.push_back(pattern_of("one group", {2 * t + 3}, 0, 1, 0));
+  p.push_back(pattern_of("empty groups", {t + 1, 0, at_least(0, t - 1), 0, t}, 0, 5, 0));
+  p.push_back(pattern_of("rows past the groups", {t / 2 + 1, t, 1}, t + 1, 3, 0));
+  p.push_back(pattern_of("M not a multiple of tm", {t + 2, at_least(1, t - 1)}, 0, 2, 0));
+  p.push_back(pattern_of("one-row groups", {1, t + 1, 1}, 0, 3, 0));
+  p.push_back(
+      pattern_of("tile shared by many groups", {1, 1, 0, 1, at_least(0, t - 1), 2}, 0, 6, 0));
+  p.push_back(pattern_of("shard in the middle", {t, 1, 0, t + 1, 2, at_least(0, t - 2)}, 0, 3, 2));
+  p.push_back(pattern_of("last shard", {t, t, 1, 1}, 0, 2, 2));
+  p.push_back(pattern_of("no row owned", {0, 0}, t + 1, 2, 0));
+  p.push_back(random_pattern(rng, tm));
   return p;
 }
 
@@ -99,6 +116,9 @@ struct Recipe {
         quantize_lhs(quantize_lhs_spec),
         quantize_rhs(quantize_rhs_spec) {}
 };
+
+// gtest prints a recipe parameter by its name (ctest listings stay readable).
+inline void PrintTo(const Recipe& recipe, std::ostream* os) { *os << recipe.name; }
 
 inline QuantSpec dynamic(QType q, std::int64_t block) { return {q, Calibration::absmax(), block}; }
 inline QuantSpec fixed(QType q, float bound) { return {q, Calibration::fixed(bound), 0}; }
