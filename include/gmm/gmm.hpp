@@ -8,6 +8,7 @@
 #include "gmm/core/options.hpp"
 #include "gmm/core/view.hpp"
 #include "gmm/ops.hpp"
+#include "gmm/passes.hpp"
 #include "gmm/plan.hpp"
 #include "gmm/recipe.hpp"
 #include "gmm/ref/reference.hpp"

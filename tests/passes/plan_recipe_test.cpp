@@ -4,25 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "gmm/plan.hpp"
 #include "gmm/recipe.hpp"
 
 namespace gmm {
 namespace {
 
-// Runs `body`, expecting a gmm::Error whose message contains every one of `parts`.
-template <typename Body>
-void expect_error(Body&& body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    ADD_FAILURE() << "no gmm::Error thrown";
-  } catch (const Error& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << part << "\"";
-    }
-  }
-}
+using test::expect_error;
 
 const std::optional<Family> kChoices[] = {Family::v1, Family::v2, std::nullopt};
 
