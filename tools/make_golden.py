@@ -23,7 +23,8 @@ with Qwix's calibration and those jnp operations.
 
 Qwix's arithmetic is run as written: see the XLA_FLAGS note below.
 
-Usage: python3 tools/make_golden.py [--out tests/data]   (pip install -r tools/requirements-golden.txt)
+Usage: pip install -r tools/requirements-golden.txt
+       python3 tools/make_golden.py [--out tests/data] [--skip-runs]
 """
 
 import argparse
@@ -102,7 +103,7 @@ def write_limits(out):
 def write_runs(out):
     """All 2^32 fp32 inputs, in bit order, as runs: (first input bits, result) per change."""
     lines = [header("fp32 -> fp8 over every fp32 bit pattern, as runs of equal results"),
-             "# run <type> <mode> <first_input_bits> <code or nan> (the run lasts until the next)\n"]
+             "# run <type> <mode> <first_input_bits> <code or nan> (until the next run)\n"]
     chunk = 1 << 26
     for name, t8 in FP8.items():
         for mode in MODES:
@@ -238,7 +239,8 @@ def rounding_ties(rng, dims, block, qtype):
     inexact reciprocal, and the other values are ties * s: x / s lands on (or an ulp from) a
     rounding tie, where a division and a multiplication by 1 / s round differently."""
     top = np.float32(QMAX[qtype])
-    big = np.float32(top * np.float32(rng.uniform(1.0, 2.0)) * np.float32(2.0 ** rng.integers(-8, 8)))
+    factor = np.float32(rng.uniform(1.0, 2.0)) * np.float32(2.0 ** rng.integers(-8, 8))
+    big = np.float32(top * factor)
     scale = np.float32(big / top)
     x = (rng.choice(ties(qtype), size=dims) * scale).astype(np.float32)
     g, r, c = dims
@@ -317,7 +319,8 @@ def write_quantize(out):
             for gran, shape, channelwise, tiled in [GRANULARITIES[0], GRANULARITIES[7]]:
                 for kind in ["random", "outside", "nonfinite", "qmax"]:
                     cases.append((qtype, calibration, "f32", gran, shape, channelwise, tiled, kind))
-                cases.append((qtype, calibration, "bf16", gran, shape, channelwise, tiled, "outside"))
+                cases.append((qtype, calibration, "bf16", gran, shape, channelwise, tiled,
+                              "outside"))
 
     lines = [header("Qwix quantize / dequantize (int8: design.md's rule, see the script)"),
              "# case <name> <qtype> <calibration> <input f32|bf16> <rank> <G R C> "
