@@ -1,7 +1,6 @@
 // The gmm kernel families through the public API: v1, v2, and the hybrid and auto plans.
 #include <fmt/format.h>
 
-#include <optional>
 #include <string>
 
 #include "harness.hpp"
