@@ -45,12 +45,28 @@ kernels::PackFn reference_packer(const KernelKit& kit, PanelOrder order) {
 // Floats that stress quantization: rounding ties and neighbours of every fp8 / int8 value's
 // midpoints (relative to a scale of 1), subnormals, the clip boundaries, zeros, infinities, NaN.
 std::vector<float> adversarial_values(Rng& rng) {
-  std::vector<float> v = {0.0f, -0.0f, 448.0f, -448.0f, 464.0f, 57344.0f, 61440.0f, -1e30f,
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          448.0f,
+                          -448.0f,
+                          464.0f,
+                          57344.0f,
+                          61440.0f,
+                          -1e30f,
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(),
                           std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::denorm_min(), 1e-40f, -3e-39f,
-                          0.5f, 1.5f, 2.5f, -0.5f, 126.5f, 127.5f, -127.5f, 128.0f};
+                          std::numeric_limits<float>::denorm_min(),
+                          1e-40f,
+                          -3e-39f,
+                          0.5f,
+                          1.5f,
+                          2.5f,
+                          -0.5f,
+                          126.5f,
+                          127.5f,
+                          -127.5f,
+                          128.0f};
   for (int code = 0; code < 256; ++code) {
     for (float x : {static_cast<float>(float8_e4m3fn::from_bits(code)),
                     static_cast<float>(float8_e5m2::from_bits(code))}) {
@@ -95,16 +111,11 @@ TEST(V2Kernels, PackersMatchReference) {
   Rng rng(7);
   const std::vector<float> values = adversarial_values(rng);
   const std::vector<PackCase> cases = {
-      {DType::f32, false, QType::int8},
-      {DType::bf16, false, QType::int8},
-      {DType::float8_e4m3fn, false, QType::int8},
-      {DType::float8_e5m2, false, QType::int8},
-      {DType::int8, false, QType::int8},
-      {DType::f32, true, QType::float8_e4m3fn},
-      {DType::f32, true, QType::float8_e5m2},
-      {DType::f32, true, QType::int8},
-      {DType::bf16, true, QType::float8_e4m3fn},
-      {DType::bf16, true, QType::float8_e5m2},
+      {DType::f32, false, QType::int8},           {DType::bf16, false, QType::int8},
+      {DType::float8_e4m3fn, false, QType::int8}, {DType::float8_e5m2, false, QType::int8},
+      {DType::int8, false, QType::int8},          {DType::f32, true, QType::float8_e4m3fn},
+      {DType::f32, true, QType::float8_e5m2},     {DType::f32, true, QType::int8},
+      {DType::bf16, true, QType::float8_e4m3fn},  {DType::bf16, true, QType::float8_e5m2},
       {DType::bf16, true, QType::int8},
   };
   const std::int64_t lanes_total = 45, k_total = 131;
@@ -128,8 +139,12 @@ TEST(V2Kernels, PackersMatchReference) {
       for (float& s : scales) s = rng.chance(0.2) ? 1.0f : random_scale(rng);
       for (PanelOrder order : {PanelOrder::lane_major, PanelOrder::step_major}) {
         for (bool lanes_contiguous : {false, true}) {
-          PanelSource src{data.data(), c.dtype, lanes_contiguous ? 1 : k_total,
-                          lanes_contiguous ? lanes_total : 1, c.quantize, c.qtype};
+          PanelSource src{data.data(),
+                          c.dtype,
+                          lanes_contiguous ? 1 : k_total,
+                          lanes_contiguous ? lanes_total : 1,
+                          c.quantize,
+                          c.qtype};
           const int width = order == PanelOrder::lane_major ? kit.format.mr : kit.format.nr;
           for (std::int64_t lanes : {std::int64_t{1}, std::int64_t{width}, lanes_total - 3}) {
             for (std::int64_t kc : {std::int64_t{1}, std::int64_t{16}, std::int64_t{127}}) {
@@ -143,8 +158,7 @@ TEST(V2Kernels, PackersMatchReference) {
               EXPECT_EQ(canonical(fast, kit.format.element), canonical(slow, kit.format.element))
                   << name(kit.isa) << " " << name(c.dtype) << " quantize=" << c.quantize << " "
                   << name(c.qtype) << " order=" << static_cast<int>(order)
-                  << " lanes_contiguous=" << lanes_contiguous << " lanes=" << lanes
-                  << " kc=" << kc;
+                  << " lanes_contiguous=" << lanes_contiguous << " lanes=" << lanes << " kc=" << kc;
             }
           }
         }
@@ -204,17 +218,22 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
     pack(PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
     pack(PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
     const std::int64_t ldc = f.nr + 3;
-    std::vector<float> c(f.mr * ldc, 5.0f);
-    kit.kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), true);
-    kit.kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), false);
-    for (int i = 0; i < f.mr; ++i) {
-      for (int j = 0; j < f.nr; ++j) {
-        double sum = 0;
-        for (std::int64_t k = 0; k < kc; ++k) sum += a[i * kc + k] * b[k * f.nr + j];
-        EXPECT_EQ(c[i * ldc + j], static_cast<float>(2 * sum * rs[i] * cs[j]))
-            << name(kit.isa) << " " << i << "," << j;
+    for (bool few : {false, true}) {
+      if (few && kit.few_rows_kernel == nullptr) continue;
+      const kernels::MicroKernelFn kernel = few ? kit.few_rows_kernel : kit.kernel;
+      const int rows = few ? kit.few_rows : f.mr;  // rows the kernel computes and stores
+      std::vector<float> c(f.mr * ldc, 5.0f);
+      kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), true);
+      kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), false);
+      for (int i = 0; i < f.mr; ++i) {
+        for (int j = 0; j < f.nr; ++j) {
+          double sum = 0;
+          for (std::int64_t k = 0; k < kc; ++k) sum += a[i * kc + k] * b[k * f.nr + j];
+          EXPECT_EQ(c[i * ldc + j], i < rows ? static_cast<float>(2 * sum * rs[i] * cs[j]) : 5.0f)
+              << name(kit.isa) << " few=" << few << " " << i << "," << j;
+        }
+        for (std::int64_t j = f.nr; j < ldc; ++j) EXPECT_EQ(c[i * ldc + j], 5.0f);
       }
-      for (std::int64_t j = f.nr; j < ldc; ++j) EXPECT_EQ(c[i * ldc + j], 5.0f);
     }
   }
 }

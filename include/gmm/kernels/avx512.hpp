@@ -528,6 +528,8 @@ inline KernelKit avx512f_kit() {
   kit.pack_a = pack_avx512<PackedElement::f32, PanelOrder::lane_major>;
   kit.pack_b = pack_avx512<PackedElement::f32, PanelOrder::step_major>;
   kit.kernel = kernel_avx512_f32<12, 2>;
+  kit.few_rows_kernel = kernel_avx512_f32<4, 2>;
+  kit.few_rows = 4;
   kit.absmax = absmax_avx512;
   kit.tiles = {192, 256, 512};
   return kit;
@@ -541,6 +543,8 @@ inline KernelKit avx512bf16_kit() {
   kit.pack_a = pack_avx512<PackedElement::bf16, PanelOrder::lane_major>;
   kit.pack_b = pack_avx512<PackedElement::bf16, PanelOrder::step_major>;
   kit.kernel = kernel_avx512_bf16<8, 2>;
+  kit.few_rows_kernel = kernel_avx512_bf16<4, 2>;
+  kit.few_rows = 4;
   kit.absmax = absmax_avx512;
   kit.tiles = {192, 512, 512};
   return kit;

@@ -72,6 +72,10 @@ struct KernelKit {
   PackFn pack_a = nullptr;
   PackFn pack_b = nullptr;
   MicroKernelFn kernel = nullptr;
+  // Optional: the same contract for tiles whose valid rows are at most `few_rows` (it computes
+  // and stores only those rows), for groups of a few tokens (decode).
+  MicroKernelFn few_rows_kernel = nullptr;
+  int few_rows = 0;
   AbsmaxFn absmax = nullptr;
   Tiles tiles;
 };

@@ -180,9 +180,11 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     p.kit.pack_b(job.b.source, f.nr, t.b0, cols, k, kc, ws.b_scales.data(), ws.b_packed.data());
     for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
       for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
-        p.kit.kernel(steps, ws.a_packed.data() + (ir / f.mr) * a_panel,
-                     ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
-                     ws.a_scales.data() + ir, ws.b_scales.data() + jr, first);
+        const bool few = rows - ir <= p.kit.few_rows;
+        (few ? p.kit.few_rows_kernel : p.kit.kernel)(
+            steps, ws.a_packed.data() + (ir / f.mr) * a_panel,
+            ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
+            ws.a_scales.data() + ir, ws.b_scales.data() + jr, first);
       }
     }
     first = false;
