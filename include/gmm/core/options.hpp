@@ -15,8 +15,9 @@ namespace gmm {
 enum class Family : std::uint8_t { v1, v2 };
 
 // Micro-kernel instruction set. `automatic` takes the widest the CPU has, or the GMM_ISA
-// environment variable (scalar, avx2, avx512f, avx512bf16) when set.
-enum class Isa : std::uint8_t { automatic, scalar, avx2, avx512f, avx512bf16 };
+// environment variable (scalar, avx2, avx512f, avx512bf16, amx) when set. amx is Intel AMX
+// (tile registers, bf16 tile dot products).
+enum class Isa : std::uint8_t { automatic, scalar, avx2, avx512f, avx512bf16, amx };
 
 constexpr std::string_view name(Family f) { return f == Family::v1 ? "v1" : "v2"; }
 constexpr std::string_view name(Isa i) {
@@ -31,6 +32,8 @@ constexpr std::string_view name(Isa i) {
       return "avx512f";
     case Isa::avx512bf16:
       return "avx512bf16";
+    case Isa::amx:
+      return "amx";
   }
   return "?";
 }
