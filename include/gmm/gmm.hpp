@@ -6,6 +6,7 @@
 #include "gmm/core/error.hpp"
 #include "gmm/core/fp8.hpp"
 #include "gmm/core/options.hpp"
+#include "gmm/core/quantize.hpp"
 #include "gmm/core/view.hpp"
 #include "gmm/ops.hpp"
 #include "gmm/passes.hpp"

@@ -95,12 +95,13 @@ inline void check_quantize_input(const char* where, const GroupedMatrix& x) {
   check_grouped(where, "x", x.data, x.groups, x.rows, x.cols, x.group_stride, x.row_stride);
 }
 
-// How a validated quantization runs: the resolved block, and the static scale of fixed
-// calibration (absmax computes one scale per block instead).
+// How a validated quantization runs: the resolved block and where its scales come from (absmax
+// of each block, the static scale of fixed calibration, or the caller).
 struct QuantizePlan {
+  enum class ScaleSource : std::uint8_t { absmax, fixed, given };
   BlockShape block;
-  bool fixed = false;
-  float static_scale = 0.0f;
+  ScaleSource source = ScaleSource::absmax;
+  float static_scale = 0.0f;  // fixed only
 };
 
 // Validates a quantization and resolves its block: 0 extents become the whole axis, every
@@ -109,8 +110,8 @@ inline QuantizePlan plan_quantize(const char* where, const GroupedMatrix& x, QTy
                                   BlockShape block, const Calibration& calibration) {
   check_quantize_input(where, x);
   QuantizePlan plan;
-  plan.fixed = calibration.method == Calibration::Method::fixed;
-  if (plan.fixed) {
+  if (calibration.method == Calibration::Method::fixed) {
+    plan.source = QuantizePlan::ScaleSource::fixed;
     plan.static_scale = calibration.static_scale(qtype);
     block = BlockShape{0, 0, 0};
   }
@@ -214,14 +215,20 @@ void quantize_with(const GroupedMatrix& x, QType qtype, BlockShape block, const 
   });
 }
 
-// Runs a validated plan into dense qvalue / scale buffers.
+// Runs a validated plan into dense qvalue / scale buffers (`scale` holds the scales already
+// when they are given).
 template <typename From>
 void run_quantize(const GroupedMatrix& x, QType qtype, const QuantizePlan& plan, float* scale,
                   std::uint8_t* qvalue, int threads) {
-  if (plan.fixed) {
-    scale[0] = plan.static_scale;
-  } else {
-    compute_scales<From>(x, qtype, plan.block, scale, threads);
+  switch (plan.source) {
+    case QuantizePlan::ScaleSource::absmax:
+      compute_scales<From>(x, qtype, plan.block, scale, threads);
+      break;
+    case QuantizePlan::ScaleSource::fixed:
+      scale[0] = plan.static_scale;
+      break;
+    case QuantizePlan::ScaleSource::given:
+      break;
   }
   quantize_with<From>(x, qtype, plan.block, scale, qvalue, threads);
 }
@@ -352,17 +359,12 @@ inline QArray quantize_with_scales(const GroupedMatrix& x, QType qtype, const Sc
                   scales.data ? "" : " with no data"));
   const std::int64_t count = scales.groups * scales.rows * scales.cols;
   detail::check_scale_values(where, scales.data, count);
-  const BlockShape block{x.groups / scales.groups, x.rows / scales.rows, x.cols / scales.cols};
-  QArray q = detail::empty_qarray(x, qtype, block);
+  detail::QuantizePlan plan;
+  plan.block = {x.groups / scales.groups, x.rows / scales.rows, x.cols / scales.cols};
+  plan.source = detail::QuantizePlan::ScaleSource::given;
+  QArray q = detail::empty_qarray(x, qtype, plan.block);
   std::copy(scales.data, scales.data + count, q.scale.begin());
-  if (x.groups * x.rows * x.cols == 0) return q;
-  if (x.dtype == DType::f32) {
-    detail::quantize_with<float>(x, qtype, block, q.scale.data(), q.qvalue.data(),
-                                 resolve_threads(threads));
-  } else {
-    detail::quantize_with<bfloat16>(x, qtype, block, q.scale.data(), q.qvalue.data(),
-                                    resolve_threads(threads));
-  }
+  detail::run_quantize(x, qtype, plan, q.scale.data(), q.qvalue.data(), resolve_threads(threads));
   return q;
 }
 
