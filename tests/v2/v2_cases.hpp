@@ -19,7 +19,7 @@ namespace gmm::test::v2 {
 // Every forced path this machine can run (the suite instantiates each of them).
 inline std::vector<Isa> supported_isas() {
   std::vector<Isa> isas;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx}) {
     if (kernels::isa_supported(isa)) isas.push_back(isa);
   }
   return isas;

@@ -72,7 +72,8 @@ TEST_P(V2Gmm, TraceSaysWhatRan) {
   // fp32 operands never take the bf16 dot product: the fp32 FMA kernel of the path runs.
   const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
   ASSERT_TRUE(run_gmm_case(rng, s, f32, o, DType::f32));
-  EXPECT_EQ(trace.isa, GetParam() == Isa::avx512bf16 ? Isa::avx512f : GetParam());
+  const bool bf16_path = GetParam() == Isa::avx512bf16 || GetParam() == Isa::amx;
+  EXPECT_EQ(trace.isa, bf16_path ? Isa::avx512f : GetParam());
   EXPECT_FALSE(trace.lhs.quantized);
   EXPECT_EQ(trace.lhs.quantized_by, "");
 }
@@ -144,6 +145,11 @@ TEST(V2Isa, AutomaticPicksTheFasterKernel) {
   EXPECT_EQ(kernels::call_kit("test", Isa::avx512bf16, true, intel).isa, Isa::avx512bf16);
   EXPECT_EQ(kernels::call_kit("test", Isa::automatic, false, zen4).isa, Isa::avx512f);
   EXPECT_EQ(kernels::call_kit("test", Isa::avx2, true, zen4).isa, Isa::avx2);
+  kernels::CpuFeatures sapphire_rapids = intel;
+  sapphire_rapids.amx = true;
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, sapphire_rapids).isa, Isa::amx);
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, false, sapphire_rapids).isa, Isa::avx512f);
+  EXPECT_THROW(kernels::call_kit("test", Isa::amx, true, intel), Error);
 }
 
 TEST(V2Isa, EnvironmentForcesAPath) {

@@ -25,7 +25,7 @@ std::vector<KernelKit> kits() {
   std::vector<KernelKit> out;
   for (Isa isa : supported_isas()) {
     out.push_back(kernels::select_kit(isa, false));
-    if (isa == Isa::avx512bf16) out.push_back(kernels::select_kit(isa, true));
+    if (isa == Isa::avx512bf16 || isa == Isa::amx) out.push_back(kernels::select_kit(isa, true));
   }
   return out;
 }
@@ -34,6 +34,11 @@ std::vector<KernelKit> kits() {
 kernels::PackFn reference_packer(const KernelKit& kit, PanelOrder order) {
   using kernels::pack_reference;
   const bool bf16 = kit.format.element == PackedElement::bf16;
+  if (kit.format.step_multiple == 16) {  // AMX: whole tiles
+    return order == PanelOrder::lane_major
+               ? pack_reference<PackedElement::bf16, 2, PanelOrder::lane_major, 16>
+               : pack_reference<PackedElement::bf16, 2, PanelOrder::step_major, 16>;
+  }
   if (order == PanelOrder::lane_major) {
     return bf16 ? pack_reference<PackedElement::bf16, 2, PanelOrder::lane_major>
                 : pack_reference<PackedElement::f32, 1, PanelOrder::lane_major>;
@@ -205,7 +210,7 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
   Rng rng(9);
   for (const KernelKit& kit : kits()) {
     const auto& f = kit.format;
-    const std::int64_t kc = 37, steps = f.steps(kc);
+    const std::int64_t kc = 45, steps = f.steps(kc);
     std::vector<float> a(f.mr * kc), b(kc * f.nr);
     for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
     for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));

@@ -199,7 +199,8 @@ GMM_TARGET_AVX512 inline void transpose16(__m512 (&r)[16]) {
 // Packs panels from a source laid out across the panel order (A panels of a source whose lanes
 // are contiguous, B panels of one whose contraction runs are): 16 x 16 tiles are read as
 // contiguous runs, widened / quantized, transposed in registers and stored.
-template <PackedElement kElement, PanelOrder kOrder, DType kDtype, QType kQ, bool kQuantize>
+template <PackedElement kElement, PanelOrder kOrder, int kStepMultiple, DType kDtype, QType kQ,
+          bool kQuantize>
 GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width,
                                                std::int64_t lane0, std::int64_t lanes,
                                                std::int64_t k0, std::int64_t kc,
@@ -207,7 +208,9 @@ GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width
   constexpr int depth = kElement == PackedElement::bf16 ? 2 : 1;
   constexpr bool runs_along_lanes = kOrder == PanelOrder::lane_major;
   using Element = std::conditional_t<kElement == PackedElement::f32, float, std::uint16_t>;
-  const std::int64_t steps = (kc + depth - 1) / depth, padded_k = steps * depth;
+  const std::int64_t steps =
+      ((kc + depth - 1) / depth + kStepMultiple - 1) / kStepMultiple * kStepMultiple;
+  const std::int64_t padded_k = steps * depth;
   const std::int64_t panels = (lanes + width - 1) / width, panel_lanes = panels * width;
   Element* const packed = static_cast<Element*>(out);
   const auto at = [&](std::int64_t lane, std::int64_t step) {  // element (lane, step, 0)
@@ -267,13 +270,16 @@ constexpr std::int64_t kPrefetchSteps = 6;
 // Packs panels. A panels (lane-major) read each lane's contraction run; B panels (step-major)
 // read contraction index by index across all panels' lanes, so a source with contiguous lanes
 // is read in long sequential runs; a source laid out the other way round is read with a stride.
-template <PackedElement kElement, PanelOrder kOrder, DType kDtype, QType kQ, bool kQuantize>
+template <PackedElement kElement, PanelOrder kOrder, int kStepMultiple, DType kDtype, QType kQ,
+          bool kQuantize>
 GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std::int64_t lane0,
                                          std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                                          const float* lane_scales, void* out) {
   constexpr int depth = kElement == PackedElement::bf16 ? 2 : 1;
   using Element = std::conditional_t<kElement == PackedElement::f32, float, std::uint16_t>;
-  const std::int64_t steps = (kc + depth - 1) / depth, padded_k = steps * depth;
+  const std::int64_t steps =
+      ((kc + depth - 1) / depth + kStepMultiple - 1) / kStepMultiple * kStepMultiple;
+  const std::int64_t padded_k = steps * depth;
   const std::int64_t panels = (lanes + width - 1) / width;
   Element* const packed = static_cast<Element*>(out);
   if constexpr (kOrder == PanelOrder::lane_major) {
@@ -299,11 +305,12 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
       for (std::int64_t lane = 0; lane < panels * width; lane += 16) {
         Element* dst =
             packed + (lane / width) * padded_k * width + (s * width + lane % width) * depth;
-        const __mmask16 valid = first_lanes(lanes - lane);
-        const __m512 scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), valid, lane_scales + lane);
+        const __mmask16 live = first_lanes(lanes - lane);
+        const __mmask16 valid = s * depth < kc ? live : 0;
+        const __m512 scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane);
         const std::int64_t base =
             (lane0 + lane) * src.lane_stride + (k0 + s * depth) * src.k_stride;
-        if (src.lane_stride == 1 && s + kPrefetchSteps < steps) {
+        if (src.lane_stride == 1 && (s + kPrefetchSteps) * depth < kc) {
           _mm_prefetch(
               static_cast<const char*>(src.data) + (base + kPrefetchSteps * depth * src.k_stride) *
                                                        static_cast<std::int64_t>(size_of(kDtype)),
@@ -314,7 +321,7 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
         if constexpr (kElement == PackedElement::f32) {
           _mm512_storeu_ps(dst, v0);
         } else {
-          const __mmask16 second = s * 2 + 1 < kc ? valid : 0;
+          const __mmask16 second = s * 2 + 1 < kc ? live : 0;
           const __m512 v1 = LoadQuantized::run<kDtype, kQ, kQuantize>(
               src.data, base + src.k_stride, src.lane_stride, second, scale);
           _mm512_storeu_si512(dst, to_bf16_pairs(v0, v1));
@@ -325,16 +332,16 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
 }
 
 // Dispatches a packer on the source dtype and quantization.
-template <PackedElement kElement, PanelOrder kOrder>
+template <PackedElement kElement, PanelOrder kOrder, int kStepMultiple = 1>
 GMM_TARGET_AVX512 void pack_avx512(const PanelSource& src, int width, std::int64_t lane0,
                                    std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                                    const float* lane_scales, void* out) {
   const bool transposing =
       kOrder == PanelOrder::lane_major ? src.k_stride != 1 : src.lane_stride != 1;
-#define GMM_PACK(D, Q, QUANTIZE)                                                  \
-  return transposing ? pack_avx512_transposing<kElement, kOrder, D, Q, QUANTIZE>( \
-                           src, width, lane0, lanes, k0, kc, lane_scales, out)    \
-                     : pack_avx512_typed<kElement, kOrder, D, Q, QUANTIZE>(       \
+#define GMM_PACK(D, Q, QUANTIZE)                                                                 \
+  return transposing ? pack_avx512_transposing<kElement, kOrder, kStepMultiple, D, Q, QUANTIZE>( \
+                           src, width, lane0, lanes, k0, kc, lane_scales, out)                   \
+                     : pack_avx512_typed<kElement, kOrder, kStepMultiple, D, Q, QUANTIZE>(       \
                            src, width, lane0, lanes, k0, kc, lane_scales, out)
   constexpr QType e4 = QType::float8_e4m3fn;
   if (src.quantize) {

@@ -13,6 +13,10 @@
 #define GMM_KERNELS_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define GMM_KERNELS_X86 0
 #endif
@@ -29,7 +33,21 @@ struct CpuFeatures {
   // cores it does not (measured on Sapphire Rapids: half the FMA rate), so there the fp32 FMA
   // kernel on exactly widened values is the faster choice for bf16 / fp8 / int8 data.
   bool bf16_dot_beats_fma = false;
+  bool amx = false;  // avx512bf16 plus AMX-TILE / AMX-BF16, tile state granted by the OS
 };
+
+#if GMM_KERNELS_X86
+// Asks Linux for the AMX tile data state (once per process); false where it is refused or the
+// OS is not Linux.
+inline bool request_amx_state() {
+#if defined(__linux__)
+  constexpr long kArchRequestXcompPerm = 0x1023, kXfeatureTileData = 18;
+  return syscall(SYS_arch_prctl, kArchRequestXcompPerm, kXfeatureTileData) == 0;
+#else
+  return false;
+#endif
+}
+#endif
 
 inline CpuFeatures detect_cpu_features() {
   CpuFeatures f;
@@ -47,6 +65,8 @@ inline CpuFeatures detect_cpu_features() {
   const bool zmm_state = (xcr0_low & 0xE6u) == 0xE6u;
   __cpuid_count(7, 0, a, b, c, d);
   const unsigned max_subleaf = a;
+  const bool amx_tile = d & (1u << 24), amx_bf16 = d & (1u << 22);
+  const bool tile_state = (xcr0_low & 0x60000u) == 0x60000u;
   const bool avx2 = b & (1u << 5);
   const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
   bool bf16 = false;
@@ -58,6 +78,7 @@ inline CpuFeatures detect_cpu_features() {
   f.avx512f = f.avx2 && zmm_state && avx512;
   f.avx512bf16 = f.avx512f && bf16;
   f.bf16_dot_beats_fma = f.avx512bf16 && !intel;
+  f.amx = f.avx512bf16 && amx_tile && amx_bf16 && tile_state && request_amx_state();
 #endif
   return f;
 }
@@ -78,21 +99,24 @@ inline bool isa_supported(Isa isa, const CpuFeatures& f = cpu_features()) {
       return f.avx512f;
     case Isa::avx512bf16:
       return f.avx512bf16;
+    case Isa::amx:
+      return f.amx;
   }
   return false;
 }
 
 // The widest path this CPU supports.
 inline Isa best_isa(const CpuFeatures& f = cpu_features()) {
-  return f.avx512bf16 ? Isa::avx512bf16
-         : f.avx512f  ? Isa::avx512f
-         : f.avx2     ? Isa::avx2
-                      : Isa::scalar;
+  return f.amx          ? Isa::amx
+         : f.avx512bf16 ? Isa::avx512bf16
+         : f.avx512f    ? Isa::avx512f
+         : f.avx2       ? Isa::avx2
+                        : Isa::scalar;
 }
 
 // The ISA a call runs: Options::isa when set, else the GMM_ISA environment variable (scalar,
-// avx2, avx512f, avx512bf16) when set, else the widest supported. Forcing a path the CPU lacks,
-// or an unknown GMM_ISA value, is a gmm::Error.
+// avx2, avx512f, avx512bf16, amx) when set, else the widest supported. Forcing a path the CPU
+// lacks, or an unknown GMM_ISA value, is a gmm::Error.
 inline Isa resolve_isa(const char* where, Isa requested,
                        const CpuFeatures& features = cpu_features()) {
   Isa isa = requested;
@@ -100,11 +124,11 @@ inline Isa resolve_isa(const char* where, Isa requested,
     const char* env = std::getenv("GMM_ISA");
     if (env == nullptr || *env == '\0') return best_isa(features);
     const std::string_view text(env);
-    for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16}) {
+    for (Isa candidate : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx}) {
       if (text == name(candidate)) isa = candidate;
     }
     detail::require(isa != Isa::automatic, where, "GMM_ISA",
-                    "one of scalar, avx2, avx512f, avx512bf16", text);
+                    "one of scalar, avx2, avx512f, avx512bf16, amx", text);
   }
   detail::require(isa_supported(isa, features), where, "isa",
                   "an instruction set this CPU supports", name(isa));

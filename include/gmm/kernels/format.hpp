@@ -20,12 +20,15 @@ enum class PackedElement : std::uint8_t { f32, bf16 };
 // the operand's edge are zero.
 struct PackedFormat {
   PackedElement element = PackedElement::f32;
-  int mr = 1;     // rows of C per micro-tile (lanes of an A panel)
-  int nr = 1;     // columns of C per micro-tile (lanes of a B panel)
-  int depth = 1;  // contraction indices per step: 2 for bf16 pairs, 1 for fp32
+  int mr = 1;             // rows of C per micro-tile (lanes of an A panel)
+  int nr = 1;             // columns of C per micro-tile (lanes of a B panel)
+  int depth = 1;          // contraction indices per step: 2 for bf16 pairs, 1 for fp32
+  int step_multiple = 1;  // panels hold a multiple of this many steps (AMX: 16, one tile)
 
   std::size_t element_bytes() const { return element == PackedElement::f32 ? 4 : 2; }
-  std::int64_t steps(std::int64_t kc) const { return (kc + depth - 1) / depth; }
+  std::int64_t steps(std::int64_t kc) const {
+    return ((kc + depth - 1) / depth + step_multiple - 1) / step_multiple * step_multiple;
+  }
   // Bytes of one packed panel of `width` lanes over kc contraction indices.
   std::size_t panel_bytes(int width, std::int64_t kc) const {
     return static_cast<std::size_t>(steps(kc) * width * depth) * element_bytes();

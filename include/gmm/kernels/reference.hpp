@@ -46,10 +46,11 @@ inline void store_packed(void* out, std::int64_t index, float value) {
 }
 
 // Packs panels element by element: any dtype, any strides, in-kernel quantization included.
-template <PackedElement kElement, int kDepth, PanelOrder kOrder>
+template <PackedElement kElement, int kDepth, PanelOrder kOrder, int kStepMultiple = 1>
 void pack_reference(const PanelSource& source, int width, std::int64_t lane0, std::int64_t lanes,
                     std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
-  const std::int64_t steps = (kc + kDepth - 1) / kDepth;
+  const std::int64_t steps =
+      ((kc + kDepth - 1) / kDepth + kStepMultiple - 1) / kStepMultiple * kStepMultiple;
   const std::int64_t panel_bytes =
       steps * width * kDepth * (kElement == PackedElement::f32 ? 4 : 2);
   for (std::int64_t p = 0; p * width < lanes; ++p) {

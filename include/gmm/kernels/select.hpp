@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "gmm/kernels/amx.hpp"
 #include "gmm/kernels/avx2.hpp"
 #include "gmm/kernels/avx512.hpp"
 #include "gmm/kernels/cpu.hpp"
@@ -18,6 +19,8 @@ namespace gmm::kernels {
 inline KernelKit select_kit(Isa isa, bool bf16_exact) {
 #if GMM_KERNELS_X86
   switch (isa) {
+    case Isa::amx:
+      return bf16_exact ? amx_kit() : avx512f_kit();
     case Isa::avx512bf16:
       return bf16_exact ? avx512bf16_kit() : avx512f_kit();
     case Isa::avx512f:

@@ -1,0 +1,99 @@
+// Intel AMX path: a 32 x 32 micro-kernel on bf16 tile dot products (tdpbf16ps), fed by the
+// AVX-512 packers with panels padded to whole tiles.
+#pragma once
+
+#include <cstdint>
+
+#include "gmm/kernels/avx512.hpp"
+#include "gmm/kernels/cpu.hpp"
+#include "gmm/kernels/format.hpp"
+
+#if GMM_KERNELS_X86
+#define GMM_TARGET_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,amx-tile,amx-bf16")))
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace gmm::kernels {
+
+// The tile palette every AMX kernel call loads: eight tiles of 16 rows x 64 bytes (C: 16 x 16
+// fp32; A: 16 rows x 16 bf16 pairs; B: 16 pair rows x 16 columns).
+struct alignas(64) AmxTileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// (16 * kRowTiles) x 32 micro-tile: C tiles 0..3 (row tile r, column half h is tile 2r + h), A
+// tiles 4, 5 and B tiles 6, 7, one 32-index block of the contraction per iteration. The tile
+// configuration is loaded on entry and released on exit, so other code in the thread (or another
+// library's tiles) never sees ours. Products of bf16 are exact; bf16 subnormals read as zero.
+template <int kRowTiles>
+GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, const void* b_packed,
+                                    float* c, std::int64_t ldc, const float* row_scales,
+                                    const float* col_scales, bool first) {
+  static const AmxTileConfig config;
+  _tile_loadconfig(&config);
+  const auto* a = static_cast<const std::uint16_t*>(a_packed);
+  const auto* b = static_cast<const std::uint16_t*>(b_packed);
+  const std::int64_t a_row_bytes = steps * 4;  // lane-major A: one row's pairs
+  _tile_zero(0);
+  _tile_zero(1);
+  if (kRowTiles == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (std::int64_t s = 0; s < steps; s += 16) {
+    _tile_loadd(6, b + s * 64, 128);
+    _tile_loadd(7, b + s * 64 + 32, 128);
+    _tile_loadd(4, a + s * 2, a_row_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (kRowTiles == 2) {
+      _tile_loadd(5, a + 16 * steps * 2 + s * 2, a_row_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float tile[32 * 32];
+  _tile_stored(0, tile, 128);
+  _tile_stored(1, tile + 16, 128);
+  if (kRowTiles == 2) {
+    _tile_stored(2, tile + 16 * 32, 128);
+    _tile_stored(3, tile + 16 * 32 + 16, 128);
+  }
+  _tile_release();
+  const __m512 cs[2] = {_mm512_loadu_ps(col_scales), _mm512_loadu_ps(col_scales + 16)};
+  for (int i = 0; i < 16 * kRowTiles; ++i) {
+    const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
+    store_row_avx512<2>(c + i * ldc, acc, row_scales[i], cs, first);
+  }
+}
+
+// The AMX path for operands exact in bf16: bf16 pairs padded to 16-step tiles, 32 x 32 kernel.
+inline KernelKit amx_kit() {
+  KernelKit kit;
+  kit.isa = Isa::amx;
+  kit.format = {PackedElement::bf16, 32, 32, 2, 16};
+  kit.pack_a = pack_avx512<PackedElement::bf16, PanelOrder::lane_major, 16>;
+  kit.pack_b = pack_avx512<PackedElement::bf16, PanelOrder::step_major, 16>;
+  kit.kernel = kernel_amx_bf16<2>;
+  kit.few_rows_kernel = kernel_amx_bf16<1>;
+  kit.few_rows = 16;
+  kit.absmax = absmax_avx512;
+  kit.tiles = {256, 512, 512};
+  return kit;
+}
+
+}  // namespace gmm::kernels
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
