@@ -36,6 +36,7 @@ std::vector<double> dequantized(const OwnedMatrix& x) {
   return d;
 }
 
+// A named scale block shape of one test case.
 struct Granularity {
   std::string name;
   BlockShape block;  // 0 extents: the whole axis

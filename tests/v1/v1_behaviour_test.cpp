@@ -98,7 +98,7 @@ TEST(V1Errors, TgmmRejectsBeforeWriting) {
 // rather than a silent fallback.
 TEST(V1Errors, ForcedIsaIsRejected) {
   Rng rng(43);
-  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16}) {
+  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx}) {
     SCOPED_TRACE(name(isa));
     InvalidCall g = detail::valid_gmm(rng, "forced isa (gmm)", "options.isa");
     g.options.isa = isa;

@@ -44,6 +44,7 @@ template <typename Expected>
   return ::testing::AssertionSuccess();
 }
 
+// A weight dtype and scale block in which to plant a NaN.
 struct WeightCase {
   std::string name;
   DType dtype;
