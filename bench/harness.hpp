@@ -17,6 +17,9 @@ struct Peaks {
   double fp32_flops[2] = {0, 0};  // vfmadd231ps, flop/s
   double bf16_flops[2] = {0, 0};  // vdpbf16ps, flop/s (0 when the CPU has no AVX-512 BF16)
   double read_bytes[2] = {0, 0};  // streaming read of a large buffer, bytes/s
+  // AMX tdpbf16ps, flop/s (0 without AMX): a reference for AMX paths (oneDNN's bf16 matmul),
+  // which can exceed the vdpbf16ps peak that pct_peak uses.
+  double amx_bf16_flops[2] = {0, 0};
   std::string fp32_isa, bf16_isa;
   // The compute peak a recipe is held to: fp32 FMA for fp32, the bf16 dot product otherwise
   // (fp32 FMA when the CPU has none).

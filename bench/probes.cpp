@@ -1,5 +1,8 @@
 // Probes of this machine's limits: fp32 FMA and bf16 dot-product peaks, memory read bandwidth.
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -70,6 +73,54 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16_avx512(std::int64_t
   for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
   *flops = static_cast<double>(rounds) * kChains * 16 * 4;
   return lane_sum(sum);
+}
+
+// Tile configuration (palette 1): tmm0-3 fp32 accumulators 16x16, tmm4-5 bf16 A 16x32, tmm6-7
+// bf16 B 16x32 (pairs), every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+bool cpu_has_amx_bf16() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (d & (1u << 22)) && (d & (1u << 24));  // AMX-BF16, AMX-TILE
+}
+
+// Linux gives a process AMX tile state only when asked (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+bool request_amx() {
+  constexpr int kArchRequestPermission = 0x1023, kXtileData = 18;
+  return syscall(SYS_arch_prctl, kArchRequestPermission, kXtileData) == 0;
+}
+
+// tdpbf16ps: a 16x16 fp32 tile += 16x32 bf16 times 32x16 bf16 = 16384 flops per instruction.
+__attribute__((target("amx-tile,amx-bf16"))) float dot_bf16_amx(std::int64_t rounds,
+                                                                double* flops) {
+  const TileConfig config;
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  *flops = static_cast<double>(rounds) * 4 * 16384;
+  return out[0];
 }
 
 __attribute__((target("avx512f"))) float read_avx512(const float* data, std::int64_t count) {
@@ -148,6 +199,7 @@ Peaks probe_peaks(bool quick) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  const bool amx = cpu_has_amx_bf16() && request_amx();
   const std::int64_t rounds = quick ? 2'000'000 : 20'000'000;
   const int repeats = quick ? 1 : 3;
   for (int t = 1; t <= 2; ++t) {
@@ -162,6 +214,7 @@ Peaks probe_peaks(bool quick) {
       p.bf16_flops[t - 1] = compute_peak(dot_bf16_avx512, t, rounds, repeats);
       p.bf16_isa = "avx512bf16 vdpbf16ps";
     }
+    if (amx) p.amx_bf16_flops[t - 1] = compute_peak(dot_bf16_amx, t, rounds / 8, repeats);
   }
 
   const std::int64_t count = (quick ? std::int64_t{64} : std::int64_t{256}) << 20;  // floats
