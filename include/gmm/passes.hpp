@@ -34,7 +34,7 @@ struct ExpertLayer {
 // How the passes run, not what they compute.
 struct PassOptions {
   int threads = 0;               // 0: all hardware threads
-  Isa isa = Isa::automatic;      // forced micro-kernel ISA (tests, benchmarks)
+  Isa isa = Isa::automatic;      // forced micro-kernel ISA of v2 passes (v1 has no choice)
   std::array<Tiles, 3> tiles{};  // per pass (fwd, dlhs, drhs); zeros: the family's defaults
   Trace* trace = nullptr;        // filled when non-null
 };
@@ -92,7 +92,7 @@ inline Options pass_call_options(Pass pass, Family family, const ExpertLayer& la
   o.group_offset = layer.group_offset;
   o.tiles = options.tiles[static_cast<int>(pass)];
   o.threads = options.threads;
-  o.isa = options.isa;
+  o.isa = family == Family::v2 ? options.isa : Isa::automatic;
   o.trace = trace;
   return o;
 }
@@ -215,11 +215,6 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
   detail::check_matrix(where, "dy", dy.data, dy.rows, dy.cols, dy.row_stride);
   detail::check_extent(where, "dy rows (M)", dy.rows, m);
   detail::check_extent(where, "dy cols (N)", dy.cols, n);
-  require(!(is_quantized(w.dtype) && w.scales.block.cols == 1 && w.scales.block.rows != w.rows &&
-            n > 1),
-          where, "weight scale block",
-          "per channel over all of K, blockwise along N, or per tensor (dlhs contracts N)",
-          fmt::format("{}x{}x1", w.scales.block.groups, w.scales.block.rows));
   if (recipe.drhs_block_m > 0 && recipe.drhs_block_m < m) {
     detail::check_block(where, "recipe drhs", "M (drhs_block_m)", recipe.drhs_block_m, m);
   }

@@ -385,16 +385,28 @@ TEST(LayerOptions, ResultsDoNotDependOnTheThreadCount) {
   }
 }
 
-TEST(LayerOptions, ThreadsAndIsaReachEveryPass) {
+TEST(LayerOptions, ThreadsIsaAndTilesReachEveryPass) {
   const SmallLayer s(24);
   LayerOutputs out = make_layer_outputs(s.values(), DType::f32, kSentinel);
   PassOptions options;
   options.threads = 1;
   options.isa = Isa::scalar;
-  const Trace trace = run_step(s, out, Plan::v2(), Recipe::fp8_full(), options);
+  const Trace hybrid = run_step(s, out, Plan::hybrid(), Recipe::fp8_full(), options);
   for (Pass pass : all_passes) {
-    EXPECT_EQ(trace.at(pass).call.isa, Isa::scalar) << name(pass);
-    EXPECT_EQ(trace.at(pass).call.threads, 1) << name(pass);
+    EXPECT_EQ(hybrid.at(pass).call.threads, 1) << name(pass);
+  }
+  // A forced ISA reaches the v2 passes; v1 (Eigen) has no ISA choice and runs anyway.
+  EXPECT_EQ(hybrid.at(Pass::fwd).call.isa, Isa::scalar);
+  EXPECT_EQ(hybrid.at(Pass::drhs).call.isa, Isa::scalar);
+  EXPECT_EQ(hybrid.at(Pass::dlhs).call.family, Family::v1);
+  // v1 runs the tiles it is given (Megablox's tm, tk, tn), so each pass shows its own.
+  options.tiles = {Tiles{32, 32, 16}, Tiles{16, 16, 16}, Tiles{32, 16, 32}};
+  const Trace v1 = run_step(s, out, Plan::v1(), Recipe::fp8_full(), options);
+  for (Pass pass : all_passes) {
+    const Tiles& want = options.tiles[static_cast<int>(pass)];
+    const Tiles& got = v1.at(pass).call.tiles;
+    EXPECT_TRUE(got.m == want.m && got.k == want.k && got.n == want.n)
+        << name(pass) << ": " << got.m << "x" << got.k << "x" << got.n;
   }
 }
 
