@@ -15,10 +15,10 @@
 
 namespace gmm {
 
-// Layout of the weight scales over w [G, K, N]. Every layout has one scale per K extent it
-// covers except blockwise; per_channel_shared is Qwix's and MaxText's (one scale per output
-// channel for all experts), per_channel has one per expert and channel, blockwise one per
-// weight_block_k x weight_block_n tile of each expert (DeepSeek-V3's 128 x 128).
+// Layout of the weight scales over w [G, K, N]: per_tensor (one scale, required by a fixed
+// calibration), per_channel (one per expert and output column), per_channel_shared (one per
+// output column for all experts: Qwix's and MaxText's), blockwise (one per weight_block_k x
+// weight_block_n tile of each expert: DeepSeek-V3's 128 x 128). All but blockwise span all of K.
 enum class WeightScale : std::uint8_t { per_tensor, per_channel, per_channel_shared, blockwise };
 
 constexpr std::string_view name(WeightScale s) {
