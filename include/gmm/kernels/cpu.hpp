@@ -33,7 +33,7 @@ struct CpuFeatures {
   // cores it does not (measured on Sapphire Rapids: half the FMA rate), so there the fp32 FMA
   // kernel on exactly widened values is the faster choice for bf16 / fp8 / int8 data.
   bool bf16_dot_beats_fma = false;
-  bool amx = false;  // avx512bf16 plus AMX-TILE / AMX-BF16, tile state granted by the OS
+  bool amx = false;  // avx512bf16 + AVX512_VBMI + AMX-TILE / AMX-BF16, tile state granted by the OS
 };
 
 #if GMM_KERNELS_X86
@@ -65,7 +65,7 @@ inline CpuFeatures detect_cpu_features() {
   const bool zmm_state = (xcr0_low & 0xE6u) == 0xE6u;
   __cpuid_count(7, 0, a, b, c, d);
   const unsigned max_subleaf = a;
-  const bool amx_tile = d & (1u << 24), amx_bf16 = d & (1u << 22);
+  const bool amx_tile = d & (1u << 24), amx_bf16 = d & (1u << 22), vbmi = c & (1u << 1);
   const bool tile_state = (xcr0_low & 0x60000u) == 0x60000u;
   const bool avx2 = b & (1u << 5);
   const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
@@ -78,7 +78,7 @@ inline CpuFeatures detect_cpu_features() {
   f.avx512f = f.avx2 && zmm_state && avx512;
   f.avx512bf16 = f.avx512f && bf16;
   f.bf16_dot_beats_fma = f.avx512bf16 && !intel;
-  f.amx = f.avx512bf16 && amx_tile && amx_bf16 && tile_state && request_amx_state();
+  f.amx = f.avx512bf16 && vbmi && amx_tile && amx_bf16 && tile_state && request_amx_state();
 #endif
   return f;
 }

@@ -66,17 +66,19 @@ struct Product {
 struct Workspace {
   std::vector<unsigned char> a_packed, b_packed;
   std::vector<float> c, a_scales, b_scales;
+  std::vector<std::int64_t> chunks;  // contraction chunk starts, then the end
 
   std::int64_t bytes() const {
     return static_cast<std::int64_t>(
         a_packed.capacity() + b_packed.capacity() +
-        sizeof(float) * (c.capacity() + a_scales.capacity() + b_scales.capacity()));
+        sizeof(float) * (c.capacity() + a_scales.capacity() + b_scales.capacity()) +
+        sizeof(std::int64_t) * chunks.capacity());
   }
 };
 
-// One unit of parallel work: C lanes [a0, a1) x [b0, b1) of one job, over its whole contraction.
+// One unit of parallel work: C rows [a0, a1) of one job, all its columns, whole contraction.
 struct Task {
-  std::int64_t job = 0, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+  std::int64_t job = 0, a0 = 0, a1 = 0;
 };
 
 // True when an operand enters the product exactly representable in bf16.
@@ -131,12 +133,11 @@ inline void chunk_scales(const Side& side, const AbsmaxTable& table, std::int64_
 
 // Stores the fp32 tile of a task into the output (once rounded for bf16; added when
 // accumulating).
-inline void write_tile(const Product& p, const Job& job, const Task& t, const float* c,
-                       std::int64_t ldc) {
-  const std::int64_t cols = t.b1 - t.b0;
+inline void write_tile(const Product& p, const Job& job, const Task& t, std::int64_t b0,
+                       std::int64_t cols, const float* c, std::int64_t ldc) {
   for (std::int64_t i = t.a0; i < t.a1; ++i) {
     const float* src = c + (i - t.a0) * ldc;
-    const std::int64_t offset = i * p.out_row_stride + t.b0;
+    const std::int64_t offset = i * p.out_row_stride + b0;
     if (p.out_dtype == DType::f32) {
       float* dst = static_cast<float*>(job.out) + offset;
       if (p.accumulate) {
@@ -153,45 +154,70 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, const fl
   }
 }
 
-// Computes one task: for each contraction chunk, pack the A panels of the task's rows and the B
-// panels of its columns, then run the micro-kernel down the rows of each B panel (which stays
-// in L1 while the A block streams from L2); finally store the tile.
+// Computes one task: pack the task's A rows over the whole contraction once (quantizing in the
+// kernel where asked), then per block of tiles.n columns and contraction chunk pack the B
+// panels and run the micro-kernel down the rows of each B panel (which stays in L1 while the A
+// chunk streams from L2); finally store the columns' tile.
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
-  const std::int64_t rows = t.a1 - t.a0, cols = t.b1 - t.b0;
-  const std::int64_t rows_padded = round_up(rows, f.mr), ldc = round_up(cols, f.nr);
-  const std::int64_t max_kc =
-      std::max<std::int64_t>(1, std::min(p.tiles.k, job.k_end - job.k_begin));
-  ws.c.resize(static_cast<std::size_t>(rows_padded * ldc));
-  ws.a_scales.resize(static_cast<std::size_t>(rows_padded));
-  ws.b_scales.resize(static_cast<std::size_t>(ldc));
-  ws.a_packed.resize((rows_padded / f.mr) * f.panel_bytes(f.mr, max_kc));
-  ws.b_packed.resize((ldc / f.nr) * f.panel_bytes(f.nr, max_kc));
+  const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
+  const std::int64_t max_kc = std::max<std::int64_t>(1, p.tiles.k);
 
-  bool first = true;
+  // contraction chunks: at most tiles.k long, never across a scale segment
+  ws.chunks.clear();
   for (std::int64_t k = job.k_begin; k < job.k_end;) {
-    const std::int64_t kc = std::min({job.k_end, (k / p.segment + 1) * p.segment, k + max_kc}) - k;
-    chunk_scales(job.a, job.a_table, t.a0, rows, rows_padded, k, ws.a_scales.data());
-    chunk_scales(job.b, job.b_table, t.b0, cols, ldc, k, ws.b_scales.data());
-    const std::int64_t steps = f.steps(kc);
-    const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
-    p.kit.pack_a(job.a.source, f.mr, t.a0, rows, k, kc, ws.a_scales.data(), ws.a_packed.data());
-    p.kit.pack_b(job.b.source, f.nr, t.b0, cols, k, kc, ws.b_scales.data(), ws.b_packed.data());
-    for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
-      for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
-        const bool few = rows - ir <= p.kit.few_rows;
-        (few ? p.kit.few_rows_kernel : p.kit.kernel)(
-            steps, ws.a_packed.data() + (ir / f.mr) * a_panel,
-            ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
-            ws.a_scales.data() + ir, ws.b_scales.data() + jr, first);
-      }
-    }
-    first = false;
-    k += kc;
+    ws.chunks.push_back(k);
+    k = std::min({job.k_end, (k / p.segment + 1) * p.segment, k + max_kc});
   }
-  if (first) std::fill(ws.c.begin(), ws.c.end(), 0.0f);
-  write_tile(p, job, t, ws.c.data(), ldc);
+  const std::int64_t chunk_count = static_cast<std::int64_t>(ws.chunks.size());
+  ws.chunks.push_back(job.k_end);
+
+  // the A block over every chunk, with its per-row scales
+  ws.a_scales.resize(
+      static_cast<std::size_t>(std::max<std::int64_t>(1, chunk_count) * rows_padded));
+  std::size_t a_bytes = 0;
+  for (std::int64_t c = 0; c < chunk_count; ++c) {
+    a_bytes += (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
+  }
+  ws.a_packed.resize(a_bytes);
+  std::size_t a_offset = 0;
+  for (std::int64_t c = 0; c < chunk_count; ++c) {
+    const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
+    float* scales = ws.a_scales.data() + c * rows_padded;
+    chunk_scales(job.a, job.a_table, t.a0, rows, rows_padded, k, scales);
+    p.kit.pack_a(job.a.source, f.mr, t.a0, rows, k, kc, scales, ws.a_packed.data() + a_offset);
+    a_offset += (rows_padded / f.mr) * f.panel_bytes(f.mr, kc);
+  }
+
+  for (std::int64_t b0 = 0; b0 < p.n; b0 += p.tiles.n) {
+    const std::int64_t cols = std::min(p.tiles.n, p.n - b0), ldc = round_up(cols, f.nr);
+    ws.c.resize(static_cast<std::size_t>(rows_padded * ldc));
+    ws.b_scales.resize(static_cast<std::size_t>(ldc));
+    ws.b_packed.resize((ldc / f.nr) *
+                       f.panel_bytes(f.nr, std::min(max_kc, job.k_end - job.k_begin)));
+    if (chunk_count == 0) std::fill(ws.c.begin(), ws.c.end(), 0.0f);
+    a_offset = 0;
+    for (std::int64_t c = 0; c < chunk_count; ++c) {
+      const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
+      chunk_scales(job.b, job.b_table, b0, cols, ldc, k, ws.b_scales.data());
+      p.kit.pack_b(job.b.source, f.nr, b0, cols, k, kc, ws.b_scales.data(), ws.b_packed.data());
+      const std::int64_t steps = f.steps(kc);
+      const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
+      const float* a_scales = ws.a_scales.data() + c * rows_padded;
+      for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
+        for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+          const bool few = rows - ir <= p.kit.few_rows;
+          (few ? p.kit.few_rows_kernel : p.kit.kernel)(
+              steps, ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel,
+              ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
+              a_scales + ir, ws.b_scales.data() + jr, c == 0);
+        }
+      }
+      a_offset += (rows_padded / f.mr) * a_panel;
+    }
+    write_tile(p, job, t, b0, cols, ws.c.data(), ldc);
+  }
 }
 
 // The task blocking of a call: Options::tiles where set, else the kit's defaults, rounded up to
@@ -248,10 +274,7 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
   for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
     const Job& job = p.jobs[j];
     for (std::int64_t a = job.a_begin; a < job.a_end; a += p.tiles.m) {
-      for (std::int64_t b = 0; b < p.n; b += p.tiles.n) {
-        tasks.push_back(
-            {j, a, std::min(job.a_end, a + p.tiles.m), b, std::min(p.n, b + p.tiles.n)});
-      }
+      tasks.push_back({j, a, std::min(job.a_end, a + p.tiles.m)});
     }
   }
   const int workers = static_cast<int>(std::max<std::int64_t>(
