@@ -32,14 +32,14 @@ inline void gmm_tile(const GmmProblem& p, std::int64_t g, std::int64_t r0, std::
       const std::int64_t depth = kn - kc;
       const FloatTile a = load_tile(p.lhs.data, p.lhs.dtype, p.lhs.row_stride, r0, rows, kc, depth,
                                     s.lhs_tile.data());
-      if (p.transpose_rhs) {  // W_g^T is stored [N, K]
+      if (p.transpose_rhs) {  // W_g^T is stored [N, K]: a column-major [K, N] tile
         const FloatTile b =
             load_tile(w_group, w.dtype, w.row_stride, n0, cols, kc, depth, s.rhs_tile.data());
-        acc.sum().noalias() += row_major(a, rows, depth) * transposed(b, depth, cols);
+        s.gemm->add<Eigen::RowMajor, Eigen::ColMajor>(acc.target(), rows, cols, depth, a, b);
       } else {
         const FloatTile b =
             load_tile(w_group, w.dtype, w.row_stride, kc, depth, n0, cols, s.rhs_tile.data());
-        acc.sum().noalias() += row_major(a, rows, depth) * row_major(b, depth, cols);
+        s.gemm->add<Eigen::RowMajor, Eigen::RowMajor>(acc.target(), rows, cols, depth, a, b);
       }
     }
     if (!scaled) continue;
@@ -98,7 +98,7 @@ inline void gmm(const GmmProblem& problem, const Options& options) {
   const int workers = static_cast<int>(std::clamp<std::int64_t>(tasks, 1, threads));
   std::vector<detail::Scratch> scratch = detail::make_scratch(
       workers, p.lhs.dtype != DType::f32 ? tm * tk : 0, p.rhs.dtype != DType::f32 ? tk * tn : 0, tm,
-      tn, scaled, p.k_segment < p.k);
+      tn, tk, scaled, p.k_segment < p.k);
 
   parallel_for(tasks, workers, [&](std::int64_t task, int worker) {
     if (task < tile_tasks) {

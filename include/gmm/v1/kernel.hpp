@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,24 +95,56 @@ inline FloatTile load_tile(const void* base, DType d, std::int64_t row_stride, s
   return {buffer, cols};
 }
 
-using RowMajorMap =
-    Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
-               Eigen::OuterStride<>>;
-using ColMajorMap =
-    Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>, 0, Eigen::OuterStride<>>;
-using AccMap = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
-                          Eigen::OuterStride<>>;
+// One worker's fp32 tile products with Eigen's blocked GEMM (packing plus gebp micro-kernel).
+// v1 calls Eigen's GEMM driver directly, with no parallel info, rather than Eigen's product front
+// end, which opens an OpenMP team of its own per product when the user compiles with OpenMP
+// (nested inside v1's workers). The packing buffers live as long as the worker's scratch, and
+// the cache blocking comes from the largest product of the call, so a product's summation order
+// depends only on its sizes and the tiles, never on the thread count.
+class TileGemm {
+ public:
+  TileGemm(std::int64_t max_rows, std::int64_t max_cols, std::int64_t max_depth)
+      : blocking_(std::max<Eigen::Index>(1, max_rows), std::max<Eigen::Index>(1, max_cols),
+                  std::max<Eigen::Index>(1, max_depth), 1, true) {
+    blocking_.allocateAll();
+  }
+  TileGemm(const TileGemm&) = delete;
+  TileGemm& operator=(const TileGemm&) = delete;
 
-inline RowMajorMap row_major(FloatTile t, std::int64_t rows, std::int64_t cols) {
-  return {t.data, rows, cols, Eigen::OuterStride<>(t.stride)};
-}
-// A tile stored [cols, rows] row-major, seen as [rows, cols] (a transposed weight tile).
-inline ColMajorMap transposed(FloatTile t, std::int64_t rows, std::int64_t cols) {
-  return {t.data, rows, cols, Eigen::OuterStride<>(t.stride)};
-}
-inline AccMap accumulator(float* data, std::int64_t rows, std::int64_t cols) {
-  return {data, rows, cols, Eigen::OuterStride<>(cols)};
-}
+  // acc[rows, cols] (dense, row-major) += a[rows, depth] * b[depth, cols], a and b stored with
+  // the given Eigen storage orders and outer strides. Products with one row or column, or tiny
+  // ones, go through Eigen's GEMV and coefficient paths (never threaded), as Eigen would.
+  template <int AOrder, int BOrder>
+  void add(float* acc, std::int64_t rows, std::int64_t cols, std::int64_t depth, FloatTile a,
+           FloatTile b) {
+    if (rows == 0 || cols == 0 || depth == 0) return;
+    if (rows == 1 || cols == 1 || rows + cols + depth < 20) {
+      constexpr int kDyn = Eigen::Dynamic;
+      using Stride = Eigen::OuterStride<>;
+      using AMap = Eigen::Map<const Eigen::Matrix<float, kDyn, kDyn, AOrder>, 0, Stride>;
+      using BMap = Eigen::Map<const Eigen::Matrix<float, kDyn, kDyn, BOrder>, 0, Stride>;
+      using AccMap = Eigen::Map<Eigen::Matrix<float, kDyn, kDyn, Eigen::RowMajor>>;
+      AccMap(acc, rows, cols).noalias() +=
+          AMap(a.data, rows, depth, Stride(a.stride)) * BMap(b.data, depth, cols, Stride(b.stride));
+      return;
+    }
+    Eigen::internal::general_matrix_matrix_product<Eigen::Index, float, AOrder, false, float,
+                                                   BOrder, false, Eigen::RowMajor,
+                                                   1>::run(rows, cols, depth, a.data, a.stride,
+                                                           b.data, b.stride, acc, 1, cols, 1.0f,
+                                                           blocking_, nullptr);
+  }
+
+  std::int64_t bytes() const {
+    return static_cast<std::int64_t>((blocking_.mc() + blocking_.nc()) * blocking_.kc() *
+                                     sizeof(float));
+  }
+
+ private:
+  Eigen::internal::gemm_blocking_space<Eigen::RowMajor, float, float, Eigen::Dynamic,
+                                       Eigen::Dynamic, Eigen::Dynamic>
+      blocking_;
+};
 
 // Accumulates one output tile [rows, cols] over a contraction split into segments within
 // which both operands' scales are constant: chunk products of a segment are summed exactly as
@@ -125,13 +158,13 @@ class SegmentAccumulator {
     std::fill(acc_, acc_ + rows_ * cols_, 0.0f);
   }
 
-  // Starts a segment; its chunk products are then added to sum().
+  // Starts a segment; its chunk products are then added to target() (dense [rows, cols]).
   void begin_segment() {
     target_ = (scaled_ && segments_ > 0) ? partial_ : acc_;
     if (target_ == partial_) std::fill(partial_, partial_ + rows_ * cols_, 0.0f);
     ++segments_;
   }
-  AccMap sum() { return accumulator(target_, rows_, cols_); }
+  float* target() { return target_; }
 
   // Ends a segment whose scales are row_scale[rows] and col_scale[cols].
   void end_segment(const float* row_scale, const float* col_scale) {
@@ -209,19 +242,23 @@ inline void store_zeros(void* out, DType d, std::int64_t row_stride, std::int64_
 // Per-thread scratch of a v1 call, sized once before the parallel loop.
 struct Scratch {
   std::vector<float> lhs_tile, rhs_tile, acc, partial, row_scale, col_scale;
+  std::unique_ptr<TileGemm> gemm;
 
   std::int64_t bytes() const {
     return static_cast<std::int64_t>((lhs_tile.size() + rhs_tile.size() + acc.size() +
                                       partial.size() + row_scale.size() + col_scale.size()) *
-                                     sizeof(float));
+                                     sizeof(float)) +
+           gemm->bytes();
   }
 };
 
 // Scratch of `workers` threads: decoded operand tiles of the given element counts (0 when the
-// operand is read in place), an accumulator [acc_rows, acc_cols], and when `scaled` the
-// per-segment scales plus, when there are several segments, a partial sum.
+// operand is read in place), an accumulator [acc_rows, acc_cols], GEMM packing buffers for
+// products of depth up to `max_depth`, and when `scaled` the per-segment scales plus, when there
+// are several segments, a partial sum.
 inline std::vector<Scratch> make_scratch(int workers, std::int64_t lhs_tile, std::int64_t rhs_tile,
-                                         std::int64_t acc_rows, std::int64_t acc_cols, bool scaled,
+                                         std::int64_t acc_rows, std::int64_t acc_cols,
+                                         std::int64_t max_depth, bool scaled,
                                          bool several_segments) {
   std::vector<Scratch> scratch(static_cast<std::size_t>(workers));
   const auto size = [](std::int64_t n) { return static_cast<std::size_t>(n); };
@@ -232,6 +269,7 @@ inline std::vector<Scratch> make_scratch(int workers, std::int64_t lhs_tile, std
     if (scaled && several_segments) s.partial.resize(size(acc_rows * acc_cols));
     if (scaled) s.row_scale.resize(size(acc_rows));
     if (scaled) s.col_scale.resize(size(acc_cols));
+    s.gemm = std::make_unique<TileGemm>(acc_rows, acc_cols, max_depth);
   }
   return scratch;
 }

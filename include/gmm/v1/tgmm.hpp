@@ -53,7 +53,8 @@ inline void tgmm_tile(const TgmmProblem& p, const GroupMetadata& meta, std::int6
                                     s.lhs_tile.data());
       const FloatTile b = load_tile(p.rhs.data, p.rhs.dtype, p.rhs.row_stride, r, depth, n0, cols,
                                     s.rhs_tile.data());
-      acc.sum().noalias() += row_major(a, depth, rows).transpose() * row_major(b, depth, cols);
+      // The lhs tile [rows r..re, K tile] is read transposed: column-major [K tile, depth].
+      s.gemm->add<Eigen::ColMajor, Eigen::RowMajor>(acc.target(), rows, cols, depth, a, b);
     }
   }
   end_segment();
@@ -107,7 +108,7 @@ inline void tgmm(const TgmmProblem& problem, const Options& options) {
   const int workers = static_cast<int>(std::clamp<std::int64_t>(tasks, 1, threads));
   std::vector<detail::Scratch> scratch = detail::make_scratch(
       workers, p.lhs.dtype != DType::f32 ? tm * tk : 0, p.rhs.dtype != DType::f32 ? tm * tn : 0, tk,
-      tn, scaled, p.m_segment < p.m);
+      tn, tm, scaled, p.m_segment < p.m);
 
   parallel_for(tasks, workers, [&](std::int64_t task, int worker) {
     const std::int64_t g = task / (tiles_k * tiles_n);
