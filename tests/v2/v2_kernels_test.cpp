@@ -228,8 +228,10 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
       const kernels::MicroKernelFn kernel = few ? kit.few_rows_kernel : kit.kernel;
       const int rows = few ? kit.few_rows : f.mr;  // rows the kernel computes and stores
       std::vector<float> c(f.mr * ldc, 5.0f);
+      if (kit.begin != nullptr) kit.begin();
       kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), true);
       kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), false);
+      if (kit.end != nullptr) kit.end();
       for (int i = 0; i < f.mr; ++i) {
         for (int j = 0; j < f.nr; ++j) {
           double sum = 0;

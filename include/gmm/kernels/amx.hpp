@@ -30,16 +30,22 @@ struct alignas(64) AmxTileConfig {
   std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
+// Loads the tile configuration in the calling thread (KernelKit::begin of the AMX kit).
+GMM_TARGET_AMX inline void amx_begin() {
+  static const AmxTileConfig config;
+  _tile_loadconfig(&config);
+}
+
+// Releases the tiles (KernelKit::end), so other code in the thread never sees our state.
+GMM_TARGET_AMX inline void amx_end() { _tile_release(); }
+
 // (16 * kRowTiles) x 32 micro-tile: C tiles 0..3 (row tile r, column half h is tile 2r + h), A
-// tiles 4, 5 and B tiles 6, 7, one 32-index block of the contraction per iteration. The tile
-// configuration is loaded on entry and released on exit, so other code in the thread (or another
-// library's tiles) never sees ours. Products of bf16 are exact; bf16 subnormals read as zero.
+// tiles 4, 5 and B tiles 6, 7, one 32-index block of the contraction per iteration; runs between
+// amx_begin and amx_end. Products of bf16 are exact; bf16 subnormals read as zero.
 template <int kRowTiles>
 GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, const void* b_packed,
                                     float* c, std::int64_t ldc, const float* row_scales,
                                     const float* col_scales, bool first) {
-  static const AmxTileConfig config;
-  _tile_loadconfig(&config);
   const auto* a = static_cast<const std::uint16_t*>(a_packed);
   const auto* b = static_cast<const std::uint16_t*>(b_packed);
   const std::int64_t a_row_bytes = steps * 4;  // lane-major A: one row's pairs
@@ -68,7 +74,6 @@ GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, co
     _tile_stored(2, tile + 16 * 32, 128);
     _tile_stored(3, tile + 16 * 32 + 16, 128);
   }
-  _tile_release();
   const __m512 cs[2] = {_mm512_loadu_ps(col_scales), _mm512_loadu_ps(col_scales + 16)};
   for (int i = 0; i < 16 * kRowTiles; ++i) {
     const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
@@ -177,6 +182,8 @@ inline KernelKit amx_kit() {
   kit.few_rows_kernel = kernel_amx_bf16<1>;
   kit.few_rows = 16;
   kit.absmax = absmax_avx512;
+  kit.begin = amx_begin;
+  kit.end = amx_end;
   kit.tiles = {256, 512, 512};
   return kit;
 }

@@ -80,6 +80,10 @@ struct KernelKit {
   MicroKernelFn few_rows_kernel = nullptr;
   int few_rows = 0;
   AbsmaxFn absmax = nullptr;
+  // Optional: run by each worker before and after a run of micro-kernel calls (AMX: load and
+  // release the tile configuration).
+  void (*begin)() = nullptr;
+  void (*end)() = nullptr;
   Tiles tiles;
 };
 

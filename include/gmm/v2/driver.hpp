@@ -190,6 +190,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     a_offset += (rows_padded / f.mr) * f.panel_bytes(f.mr, kc);
   }
 
+  if (p.kit.begin != nullptr) p.kit.begin();
   for (std::int64_t b0 = 0; b0 < p.n; b0 += p.tiles.n) {
     const std::int64_t cols = std::min(p.tiles.n, p.n - b0), ldc = round_up(cols, f.nr);
     ws.c.resize(static_cast<std::size_t>(rows_padded * ldc));
@@ -218,6 +219,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     }
     write_tile(p, job, t, b0, cols, ws.c.data(), ldc);
   }
+  if (p.kit.end != nullptr) p.kit.end();
 }
 
 // The task blocking of a call: Options::tiles where set, else the kit's defaults, rounded up to
