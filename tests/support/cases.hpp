@@ -197,6 +197,21 @@ inline std::vector<Recipe> tgmm_recipes() {
   };
 }
 
+// Padding that makes a row of `cols` elements have a prime stride, at least `cols + min_pad`
+// (XNNPACK-style prime strides: rows start misaligned and never at a power-of-two distance).
+inline std::int64_t prime_pad(std::int64_t cols, std::int64_t min_pad) {
+  const auto is_prime = [](std::int64_t x) {
+    if (x < 2) return false;
+    for (std::int64_t d = 2; d * d <= x; ++d) {
+      if (x % d == 0) return false;
+    }
+    return true;
+  };
+  std::int64_t stride = cols + min_pad;
+  while (!is_prime(stride)) ++stride;
+  return stride - cols;
+}
+
 // Output dtype, accumulate, padding and transpose_rhs of one case, cycled by `variant`.
 struct Variant {
   DType out = DType::f32;
@@ -233,7 +248,8 @@ inline GmmCase make_gmm_case(Rng& rng, const Recipe& recipe, const GroupPattern&
            " N=" + std::to_string(n) + (v.transpose_rhs ? " transpose_rhs" : "") +
            (v.out == DType::bf16 ? " bf16-out" : "") + (v.accumulate ? " accumulate" : "") +
            (v.padded ? " padded" : "");
-  const std::int64_t lhs_pad = v.padded ? 3 : 0, rhs_pad = v.padded ? 5 : 0;
+  const std::int64_t lhs_pad = v.padded ? prime_pad(k, 1) : 0;
+  const std::int64_t rhs_pad = v.padded ? prime_pad(v.transpose_rhs ? k : n, 2) : 0;
   BlockShape lb = preferred_block(recipe.lhs_block, 1, m, k);
   c.lhs = random_matrix(rng, recipe.lhs, m, k, lb, lhs_pad);
   BlockShape wb = preferred_block(recipe.rhs_block, groups, k, n);
@@ -255,8 +271,9 @@ inline GmmCase make_gmm_case(Rng& rng, const Recipe& recipe, const GroupPattern&
     c.options.quantize_lhs = *recipe.quantize_lhs;
     c.options.quantize_lhs->block = divisor_at_most(k, recipe.quantize_lhs->block);
   }
-  c.out = v.accumulate ? random_output(rng, v.out, 1, m, n, v.padded ? 2 : 0)
-                       : make_output(v.out, 1, m, n, 777.0f, v.padded ? 2 : 0);
+  const std::int64_t out_pad = v.padded ? prime_pad(n, 1) : 0;
+  c.out = v.accumulate ? random_output(rng, v.out, 1, m, n, out_pad)
+                       : make_output(v.out, 1, m, n, 777.0f, out_pad);
   return c;
 }
 
@@ -277,9 +294,9 @@ inline TgmmCase make_tgmm_case(Rng& rng, const Recipe& recipe, const GroupPatter
            " N=" + std::to_string(n) + (v.out == DType::bf16 ? " bf16-out" : "") +
            (v.accumulate ? " accumulate" : "") + (v.padded ? " padded" : "");
   c.lhs = random_matrix(rng, recipe.lhs, m, k, preferred_block(recipe.lhs_block, 1, m, k),
-                        v.padded ? 3 : 0);
+                        v.padded ? prime_pad(k, 1) : 0);
   c.rhs = random_matrix(rng, recipe.rhs, m, n, preferred_block(recipe.rhs_block, 1, m, n),
-                        v.padded ? 5 : 0);
+                        v.padded ? prime_pad(n, 2) : 0);
   c.sizes = pattern.sizes;
   c.options.group_offset = pattern.group_offset;
   c.options.accumulate = v.accumulate;
@@ -291,8 +308,9 @@ inline TgmmCase make_tgmm_case(Rng& rng, const Recipe& recipe, const GroupPatter
     c.options.quantize_rhs = *recipe.quantize_rhs;
     c.options.quantize_rhs->block = divisor_at_most(m, recipe.quantize_rhs->block);
   }
-  c.out = v.accumulate ? random_output(rng, v.out, groups, k, n, v.padded ? 2 : 0)
-                       : make_output(v.out, groups, k, n, 777.0f, v.padded ? 2 : 0);
+  const std::int64_t out_pad = v.padded ? prime_pad(n, 1) : 0;
+  c.out = v.accumulate ? random_output(rng, v.out, groups, k, n, out_pad)
+                       : make_output(v.out, groups, k, n, 777.0f, out_pad);
   return c;
 }
 
