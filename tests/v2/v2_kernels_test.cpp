@@ -226,11 +226,11 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
     for (bool few : {false, true}) {
       if (few && kit.few_rows_kernel == nullptr) continue;
       const kernels::MicroKernelFn kernel = few ? kit.few_rows_kernel : kit.kernel;
-      const int rows = few ? kit.few_rows : f.mr;  // rows the kernel computes and stores
+      const int rows = few ? kit.few_rows - 1 : f.mr - 1;  // valid rows: stored, the rest not
       std::vector<float> c(f.mr * ldc, 5.0f);
       if (kit.begin != nullptr) kit.begin();
-      kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), true);
-      kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), false);
+      kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), true, rows);
+      kernel(steps, pa.data(), pb.data(), c.data(), ldc, rs.data(), cs.data(), false, rows);
       if (kit.end != nullptr) kit.end();
       for (int i = 0; i < f.mr; ++i) {
         for (int j = 0; j < f.nr; ++j) {

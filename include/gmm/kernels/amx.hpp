@@ -45,7 +45,7 @@ GMM_TARGET_AMX inline void amx_end() { _tile_release(); }
 template <int kRowTiles>
 GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, const void* b_packed,
                                     float* c, std::int64_t ldc, const float* row_scales,
-                                    const float* col_scales, bool first) {
+                                    const float* col_scales, bool first, int rows) {
   const auto* a = static_cast<const std::uint16_t*>(a_packed);
   const auto* b = static_cast<const std::uint16_t*>(b_packed);
   const std::int64_t a_row_bytes = steps * 4;  // lane-major A: one row's pairs
@@ -75,7 +75,7 @@ GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, co
     _tile_stored(3, tile + 16 * 32 + 16, 128);
   }
   const __m512 cs[2] = {_mm512_loadu_ps(col_scales), _mm512_loadu_ps(col_scales + 16)};
-  for (int i = 0; i < 16 * kRowTiles; ++i) {
+  for (int i = 0; i < rows; ++i) {
     const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
     store_row_avx512<2>(c + i * ldc, acc, row_scales[i], cs, first);
   }

@@ -17,7 +17,7 @@ namespace gmm::kernels {
 template <int kMr, int kNv>
 GMM_TARGET_AVX2 void kernel_avx2_f32(std::int64_t steps, const void* a_packed, const void* b_packed,
                                      float* c, std::int64_t ldc, const float* row_scales,
-                                     const float* col_scales, bool first) {
+                                     const float* col_scales, bool first, int rows) {
   const float* a = static_cast<const float*>(a_packed);
   const float* b = static_cast<const float*>(b_packed);
   __m256 acc[kMr][kNv];
@@ -41,7 +41,7 @@ GMM_TARGET_AVX2 void kernel_avx2_f32(std::int64_t steps, const void* a_packed, c
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) cs[v] = _mm256_loadu_ps(col_scales + 8 * v);
 #pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i) {
+  for (int i = 0; i < rows; ++i) {
     const __m256 rs = _mm256_broadcast_ss(row_scales + i);
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) {

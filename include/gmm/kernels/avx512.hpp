@@ -458,7 +458,7 @@ template <int kMr, int kNv>
 GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packed,
                                          const void* b_packed, float* c, std::int64_t ldc,
                                          const float* row_scales, const float* col_scales,
-                                         bool first) {
+                                         bool first, int rows) {
   const float* a = static_cast<const float*>(a_packed);
   const float* b = static_cast<const float*>(b_packed);
   __m512 acc[kMr][kNv];
@@ -483,7 +483,7 @@ GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packe
   for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) {
-    store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
   }
 }
 
@@ -494,7 +494,7 @@ template <int kMr, int kNv>
 GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_packed,
                                               const void* b_packed, float* c, std::int64_t ldc,
                                               const float* row_scales, const float* col_scales,
-                                              bool first) {
+                                              bool first, int rows) {
   const std::uint16_t* a = static_cast<const std::uint16_t*>(a_packed);
   const std::uint16_t* b = static_cast<const std::uint16_t*>(b_packed);
   __m512 acc[kMr][kNv];
@@ -523,7 +523,7 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
   for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) {
-    store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
   }
 }
 

@@ -56,10 +56,11 @@ using PackFn = void (*)(const PanelSource& source, int width, std::int64_t lane0
                         const float* lane_scales, void* out);
 
 // Computes one mr x nr micro-tile over `steps` packed steps and applies the epilogue
-// c[i * ldc + j] (= when first, else +=) acc[i][j] * row_scales[i] * col_scales[j].
+// c[i * ldc + j] (= when first, else +=) acc[i][j] * row_scales[i] * col_scales[j] to its first
+// `rows` rows (the valid ones; the others are neither read nor written).
 using MicroKernelFn = void (*)(std::int64_t steps, const void* a, const void* b, float* c,
                                std::int64_t ldc, const float* row_scales, const float* col_scales,
-                               bool first);
+                               bool first, int rows);
 
 // Writes absmax[w] = max |x| (NaN if any x is NaN, core/qvalue.hpp's absmax_update) over the
 // contraction indices [k_begin, k_end) of lanes [lane0, lane0 + lanes) of an f32 / bf16 source.
@@ -76,7 +77,7 @@ struct KernelKit {
   PackFn pack_b = nullptr;
   MicroKernelFn kernel = nullptr;
   // Optional: the same contract for tiles whose valid rows are at most `few_rows` (it computes
-  // and stores only those rows), for groups of a few tokens (decode).
+  // only those rows), for groups of a few tokens (decode).
   MicroKernelFn few_rows_kernel = nullptr;
   int few_rows = 0;
   AbsmaxFn absmax = nullptr;

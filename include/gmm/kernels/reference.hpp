@@ -93,7 +93,7 @@ inline void store_tile_element(float* c, float acc, float row_scale, float col_s
 template <int kMr, int kNr>
 void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_packed, float* c,
                        std::int64_t ldc, const float* row_scales, const float* col_scales,
-                       bool first) {
+                       bool first, int rows) {
   const float* a = static_cast<const float*>(a_packed);
   const float* b = static_cast<const float*>(b_packed);
   float acc[kMr][kNr] = {};
@@ -102,7 +102,7 @@ void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_p
       for (int j = 0; j < kNr; ++j) acc[i][j] += a[i * steps + s] * b[j];
     }
   }
-  for (int i = 0; i < kMr; ++i) {
+  for (int i = 0; i < rows; ++i) {
     for (int j = 0; j < kNr; ++j) {
       store_tile_element(c + i * ldc + j, acc[i][j], row_scales[i], col_scales[j], first);
     }

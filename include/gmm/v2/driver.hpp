@@ -111,21 +111,28 @@ inline void fill_absmax_table(const kernels::KernelKit& kit, const Side& side, A
 inline void chunk_scales(const Side& side, const AbsmaxTable& table, std::int64_t lane0,
                          std::int64_t lanes, std::int64_t padded, std::int64_t k, float* out) {
   const SideScales& s = side.scales;
-  for (std::int64_t w = 0; w < lanes; ++w) {
-    switch (s.kind) {
-      case SideScales::Kind::none:
-        out[w] = 1.0f;
-        break;
-      case SideScales::Kind::fixed:
-        out[w] = s.fixed;
-        break;
-      case SideScales::Kind::stored:
-        out[w] = s.data[((lane0 + w) / s.lane_block) * s.lane_step + (k / s.k_block) * s.k_step];
-        break;
-      case SideScales::Kind::absmax:
-        out[w] = table.values[(lane0 - table.lane_begin + w) * table.blocks +
-                              (k / s.quant_block - table.block0)];
-        break;
+  switch (s.kind) {
+    case SideScales::Kind::none:
+      std::fill(out, out + lanes, 1.0f);
+      break;
+    case SideScales::Kind::fixed:
+      std::fill(out, out + lanes, s.fixed);
+      break;
+    case SideScales::Kind::stored: {  // one lookup per run of lanes sharing a scale block
+      const float* row = s.data + (k / s.k_block) * s.k_step;
+      for (std::int64_t w = 0; w < lanes;) {
+        const std::int64_t block = (lane0 + w) / s.lane_block;
+        const std::int64_t run = std::min(lanes, (block + 1) * s.lane_block - lane0) - w;
+        std::fill(out + w, out + w + run, row[block * s.lane_step]);
+        w += run;
+      }
+      break;
+    }
+    case SideScales::Kind::absmax: {
+      const float* column = table.values.data() + (lane0 - table.lane_begin) * table.blocks +
+                            (k / s.quant_block - table.block0);
+      for (std::int64_t w = 0; w < lanes; ++w) out[w] = column[w * table.blocks];
+      break;
     }
   }
   std::fill(out + lanes, out + padded, 0.0f);
@@ -154,6 +161,9 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, std::int
   }
 }
 
+// Bytes of the packed B block of a task of a few rows (see run_task).
+constexpr std::int64_t kSkinnyBlockBytes = 1024 * 1024;
+
 // Computes one task: pack the task's A rows over the whole contraction once (quantizing in the
 // kernel where asked), then per block of tiles.n columns and contraction chunk pack the B
 // panels and run the micro-kernel down the rows of each B panel (which stays in L1 while the A
@@ -162,7 +172,16 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
-  const std::int64_t max_kc = std::max<std::int64_t>(1, p.tiles.k);
+  // A task of a few rows streams its weights once: it takes every column at once (whole rows of
+  // [K, N] weights are read in order) with a chunk short enough to keep the B block in L2.
+  const bool skinny = rows <= p.kit.few_rows;
+  const std::int64_t block_cols = skinny ? p.n : p.tiles.n;
+  const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
+  const std::int64_t skinny_kc =
+      kSkinnyBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
+  const std::int64_t max_kc =
+      skinny ? std::max(quantum, std::min(p.tiles.k, skinny_kc) / quantum * quantum)
+             : std::max<std::int64_t>(1, p.tiles.k);
 
   // contraction chunks: at most tiles.k long, never across a scale segment
   ws.chunks.clear();
@@ -191,8 +210,8 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   }
 
   if (p.kit.begin != nullptr) p.kit.begin();
-  for (std::int64_t b0 = 0; b0 < p.n; b0 += p.tiles.n) {
-    const std::int64_t cols = std::min(p.tiles.n, p.n - b0), ldc = round_up(cols, f.nr);
+  for (std::int64_t b0 = 0; b0 < p.n; b0 += block_cols) {
+    const std::int64_t cols = std::min(block_cols, p.n - b0), ldc = round_up(cols, f.nr);
     ws.c.resize(static_cast<std::size_t>(rows_padded * ldc));
     ws.b_scales.resize(static_cast<std::size_t>(ldc));
     ws.b_packed.resize((ldc / f.nr) *
@@ -212,7 +231,8 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
               steps, ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel,
               ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
-              a_scales + ir, ws.b_scales.data() + jr, c == 0);
+              a_scales + ir, ws.b_scales.data() + jr, c == 0,
+              static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir)));
         }
       }
       a_offset += (rows_padded / f.mr) * a_panel;
