@@ -120,6 +120,10 @@ inline void chunk_scales(const Side& side, const AbsmaxTable& table, std::int64_
       break;
     case SideScales::Kind::stored: {  // one lookup per run of lanes sharing a scale block
       const float* row = s.data + (k / s.k_block) * s.k_step;
+      if (s.lane_block == 1) {  // per channel
+        for (std::int64_t w = 0; w < lanes; ++w) out[w] = row[(lane0 + w) * s.lane_step];
+        break;
+      }
       for (std::int64_t w = 0; w < lanes;) {
         const std::int64_t block = (lane0 + w) / s.lane_block;
         const std::int64_t run = std::min(lanes, (block + 1) * s.lane_block - lane0) - w;
