@@ -46,6 +46,20 @@ TEST_P(V2Gmm, Fp8RecipeAcrossTiles) {
   }
 }
 
+// A task whose A block over the whole contraction is too large to keep (more than 4 MiB) packs
+// it again per block of columns; results are the same.
+TEST_P(V2Gmm, LargeAblockRepackedPerColumnBlock) {
+  Rng rng(252);
+  const CaseShape s{"large_a", 512, 4200, 40, {512}, 0, 0, {512, 512, 16}};
+  const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
+  const GmmRecipe fp8{"fp8",
+                      {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 600)},
+                      {DType::float8_e4m3fn, {1, 0, 1}}};
+  for (const GmmRecipe& r : {f32, fp8}) {
+    EXPECT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s), DType::f32)) << r.label;
+  }
+}
+
 // The trace names the path, family, tiles and what quantized each operand.
 TEST_P(V2Gmm, TraceSaysWhatRan) {
   Rng rng(303);

@@ -538,7 +538,7 @@ inline KernelKit avx512f_kit() {
   kit.few_rows_kernel = kernel_avx512_f32<4, 2>;
   kit.few_rows = 4;
   kit.absmax = absmax_avx512;
-  kit.tiles = {192, 256, 512};
+  kit.tiles = {384, 128, 512};
   return kit;
 }
 

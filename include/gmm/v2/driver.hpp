@@ -165,6 +165,9 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, std::int
   }
 }
 
+// Largest A block a task packs once over the whole contraction (see run_task).
+constexpr std::int64_t kWholeABytes = 4 * 1024 * 1024;
+
 // Bytes of the packed B block of a task of a few rows (see run_task).
 constexpr std::int64_t kSkinnyBlockBytes = 1024 * 1024;
 
@@ -196,21 +199,31 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const std::int64_t chunk_count = static_cast<std::int64_t>(ws.chunks.size());
   ws.chunks.push_back(job.k_end);
 
-  // the A block over every chunk, with its per-row scales
+  // The A block over every chunk, with its per-row scales, packed once when it fits in
+  // kWholeABytes (so quantizing it in the kernel happens once per row); otherwise each chunk's A
+  // is packed again for every block of columns.
   ws.a_scales.resize(
       static_cast<std::size_t>(std::max<std::int64_t>(1, chunk_count) * rows_padded));
-  std::size_t a_bytes = 0;
+  std::size_t a_bytes = 0, a_chunk_bytes = 0;
   for (std::int64_t c = 0; c < chunk_count; ++c) {
-    a_bytes += (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
+    const std::size_t bytes =
+        (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
+    a_bytes += bytes;
+    a_chunk_bytes = std::max(a_chunk_bytes, bytes);
+    chunk_scales(job.a, job.a_table, t.a0, rows, rows_padded, ws.chunks[c],
+                 ws.a_scales.data() + c * rows_padded);
   }
-  ws.a_packed.resize(a_bytes);
-  std::size_t a_offset = 0;
-  for (std::int64_t c = 0; c < chunk_count; ++c) {
+  const bool whole_a = a_bytes <= static_cast<std::size_t>(kWholeABytes);
+  ws.a_packed.resize(whole_a ? a_bytes : a_chunk_bytes);
+  const auto pack_a_chunk = [&](std::int64_t c, std::size_t offset) {
     const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
-    float* scales = ws.a_scales.data() + c * rows_padded;
-    chunk_scales(job.a, job.a_table, t.a0, rows, rows_padded, k, scales);
-    p.kit.pack_a(job.a.source, f.mr, t.a0, rows, k, kc, scales, ws.a_packed.data() + a_offset);
-    a_offset += (rows_padded / f.mr) * f.panel_bytes(f.mr, kc);
+    p.kit.pack_a(job.a.source, f.mr, t.a0, rows, k, kc, ws.a_scales.data() + c * rows_padded,
+                 ws.a_packed.data() + offset);
+  };
+  std::size_t a_offset = 0;
+  for (std::int64_t c = 0; whole_a && c < chunk_count; ++c) {
+    pack_a_chunk(c, a_offset);
+    a_offset += (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
   }
 
   if (p.kit.begin != nullptr) p.kit.begin();
@@ -224,6 +237,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     a_offset = 0;
     for (std::int64_t c = 0; c < chunk_count; ++c) {
       const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
+      if (!whole_a) pack_a_chunk(c, a_offset);
       chunk_scales(job.b, job.b_table, b0, cols, ldc, k, ws.b_scales.data());
       p.kit.pack_b(job.b.source, f.nr, b0, cols, k, kc, ws.b_scales.data(), ws.b_packed.data());
       const std::int64_t steps = f.steps(kc);
@@ -239,7 +253,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
               static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir)));
         }
       }
-      a_offset += (rows_padded / f.mr) * a_panel;
+      if (whole_a) a_offset += (rows_padded / f.mr) * a_panel;
     }
     write_tile(p, job, t, b0, cols, ws.c.data(), ldc);
   }
