@@ -271,6 +271,42 @@ inline Tiles resolve_tiles(const kernels::KernelKit& kit, const Tiles& requested
           pick(requested.n, kit.tiles.n, kit.format.nr)};
 }
 
+// An empty product for `kit`: the call's blocking, its N, scale segment and output.
+inline Product make_product(const kernels::KernelKit& kit, const Options& options, std::int64_t n,
+                            std::int64_t segment, DType out_dtype, std::int64_t out_row_stride,
+                            bool accumulate) {
+  Product p;
+  p.kit = kit;
+  p.tiles = resolve_tiles(kit, options.tiles);
+  p.n = n;
+  p.segment = segment;
+  p.out_dtype = out_dtype;
+  p.out_row_stride = out_row_stride;
+  p.accumulate = accumulate;
+  return p;
+}
+
+// Fills *options.trace, when set, with what a finished call ran.
+inline void trace_call(const Options& options, const char* op, const Product& p, int threads,
+                       std::int64_t extra_bytes, const OperandTrace& lhs, const OperandTrace& rhs) {
+  if (options.trace == nullptr) return;
+  CallTrace& t = *options.trace;
+  t = CallTrace{};
+  t.op = op;
+  t.family = Family::v2;
+  t.isa = p.kit.isa;
+  t.tiles = p.tiles;
+  t.threads = threads;
+  t.extra_bytes = extra_bytes;
+  t.lhs = lhs;
+  t.rhs = rhs;
+}
+
+// What a caller-quantized (or unquantized) operand looked like.
+inline OperandTrace caller_operand_trace(DType dtype, const Scales& scales) {
+  return {dtype, is_quantized(dtype), scales.block, is_quantized(dtype) ? "caller" : ""};
+}
+
 // Computes the absmax tables, splits every job into tasks (independent of the thread count, so
 // results are too) and runs them on `threads` workers. Returns the peak bytes of all buffers.
 inline std::int64_t run_product(Product& p, int threads, int* threads_used) {

@@ -65,16 +65,11 @@ inline SideScales gmm_rhs_scales(const GmmProblem& p, std::int64_t g) {
 
 inline void gmm(const GmmProblem& p, const Options& options) {
   const bool quantize = p.quantize_lhs.has_value();
-  detail::Product product;
-  product.kit = kernels::call_kit(
+  const kernels::KernelKit kit = kernels::call_kit(
       "gmm::v2::gmm", options.isa,
       detail::exact_in_bf16(p.lhs.dtype, quantize) && detail::exact_in_bf16(p.rhs.dtype, false));
-  product.tiles = detail::resolve_tiles(product.kit, options.tiles);
-  product.n = p.n;
-  product.segment = p.k_segment;
-  product.out_dtype = p.out.dtype;
-  product.out_row_stride = p.out.row_stride;
-  product.accumulate = p.accumulate;
+  detail::Product product = detail::make_product(kit, options, p.n, p.k_segment, p.out.dtype,
+                                                 p.out.row_stride, p.accumulate);
 
   kernels::PanelSource lhs{
       p.lhs.data, p.lhs.dtype, p.lhs.row_stride,
@@ -111,27 +106,16 @@ inline void gmm(const GmmProblem& p, const Options& options) {
   const std::int64_t extra_bytes =
       detail::run_product(product, resolve_threads(options.threads), &threads_used);
 
-  if (options.trace != nullptr) {
-    CallTrace& t = *options.trace;
-    t = CallTrace{};
-    t.op = "gmm";
-    t.family = Family::v2;
-    t.isa = product.kit.isa;
-    t.tiles = product.tiles;
-    t.threads = threads_used;
-    t.extra_bytes = extra_bytes + static_cast<std::int64_t>(owned.capacity() / 8);
-    if (quantize) {
-      const bool fixed = p.quantize_lhs->calibration.method == Calibration::Method::fixed;
-      t.lhs = {dtype_of(p.quantize_lhs->qtype), true,
-               fixed ? BlockShape{1, p.m, p.k} : BlockShape{1, 1, p.quantize_lhs->block},
-               "in kernel"};
-    } else {
-      t.lhs = {p.lhs.dtype, is_quantized(p.lhs.dtype), p.lhs.scales.block,
-               is_quantized(p.lhs.dtype) ? "caller" : ""};
-    }
-    t.rhs = {p.rhs.dtype, is_quantized(p.rhs.dtype), p.rhs.scales.block,
-             is_quantized(p.rhs.dtype) ? "caller" : ""};
+  OperandTrace lhs_trace = detail::caller_operand_trace(p.lhs.dtype, p.lhs.scales);
+  if (quantize) {
+    const bool fixed = p.quantize_lhs->calibration.method == Calibration::Method::fixed;
+    lhs_trace = {dtype_of(p.quantize_lhs->qtype), true,
+                 fixed ? BlockShape{1, p.m, p.k} : BlockShape{1, 1, p.quantize_lhs->block},
+                 "in kernel"};
   }
+  detail::trace_call(options, "gmm", product, threads_used,
+                     extra_bytes + static_cast<std::int64_t>(owned.capacity() / 8), lhs_trace,
+                     detail::caller_operand_trace(p.rhs.dtype, p.rhs.scales));
 }
 
 }  // namespace gmm::v2

@@ -57,23 +57,18 @@ inline OperandTrace tgmm_operand_trace(const Matrix& x, const std::optional<Quan
     return {dtype_of(quantize->qtype), true,
             fixed ? BlockShape{1, m, x.cols} : BlockShape{1, quantize->block, 1}, "in kernel"};
   }
-  return {x.dtype, is_quantized(x.dtype), x.scales.block, is_quantized(x.dtype) ? "caller" : ""};
+  return caller_operand_trace(x.dtype, x.scales);
 }
 
 }  // namespace detail
 
 inline void tgmm(const TgmmProblem& p, const Options& options) {
-  detail::Product product;
-  product.kit =
+  const kernels::KernelKit kit =
       kernels::call_kit("gmm::v2::tgmm", options.isa,
                         detail::exact_in_bf16(p.lhs.dtype, p.quantize_lhs.has_value()) &&
                             detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
-  product.tiles = detail::resolve_tiles(product.kit, options.tiles);
-  product.n = p.n;
-  product.segment = p.m_segment;
-  product.out_dtype = p.out.dtype;
-  product.out_row_stride = p.out.row_stride;
-  product.accumulate = p.accumulate;
+  detail::Product product = detail::make_product(kit, options, p.n, p.m_segment, p.out.dtype,
+                                                 p.out.row_stride, p.accumulate);
 
   const detail::Side lhs = detail::tgmm_side(p.lhs, p.quantize_lhs, p.m);
   const detail::Side rhs = detail::tgmm_side(p.rhs, p.quantize_rhs, p.m);
@@ -103,18 +98,9 @@ inline void tgmm(const TgmmProblem& p, const Options& options) {
   const std::int64_t extra_bytes =
       detail::run_product(product, resolve_threads(options.threads), &threads_used);
 
-  if (options.trace != nullptr) {
-    CallTrace& t = *options.trace;
-    t = CallTrace{};
-    t.op = "tgmm";
-    t.family = Family::v2;
-    t.isa = product.kit.isa;
-    t.tiles = product.tiles;
-    t.threads = threads_used;
-    t.extra_bytes = extra_bytes;
-    t.lhs = detail::tgmm_operand_trace(p.lhs, p.quantize_lhs, p.m);
-    t.rhs = detail::tgmm_operand_trace(p.rhs, p.quantize_rhs, p.m);
-  }
+  detail::trace_call(options, "tgmm", product, threads_used, extra_bytes,
+                     detail::tgmm_operand_trace(p.lhs, p.quantize_lhs, p.m),
+                     detail::tgmm_operand_trace(p.rhs, p.quantize_rhs, p.m));
 }
 
 }  // namespace gmm::v2
