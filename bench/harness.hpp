@@ -21,8 +21,9 @@ struct Peaks {
   // which can exceed the vdpbf16ps peak that pct_peak uses.
   double amx_bf16_flops[2] = {0, 0};
   std::string fp32_isa, bf16_isa;
-  // The compute peak a recipe is held to: fp32 FMA for fp32, the bf16 dot product otherwise
-  // (fp32 FMA when the CPU has none).
+  // The compute peak a recipe is held to: fp32 FMA for fp32; for bf16 and fp8 (whose values are
+  // exact in bf16 and may be multiplied either way) the larger of the bf16 dot product and fp32
+  // FMA. AMX paths are measured against the same number and can exceed 100%.
   double compute_peak(Recipe recipe, int threads) const;
   double read_peak(int threads) const;
 };

@@ -117,7 +117,7 @@ void add_context(const CommandLine& cl) {
         fmt::format("{:.1f} GFLOP/s", p.amx_bf16_flops[t - 1] / 1e9));
   }
   add("peak_fp32_isa", p.fp32_isa.empty() ? "none" : p.fp32_isa);
-  add("peak_bf16_isa", p.bf16_isa.empty() ? "none (bf16 recipes use the fp32 peak)" : p.bf16_isa);
+  add("peak_bf16_isa", p.bf16_isa.empty() ? "none" : p.bf16_isa);
 #ifdef _OPENMP
   constexpr const char* eigen_threads = "OpenMP threads";
 #else
