@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "gmm/kernels/cpu.hpp"
 #include "gmm/kernels/format.hpp"
@@ -116,12 +117,46 @@ GMM_TARGET_AVX512 inline __m512 round_to_fp8(__m512 q) {
   return _mm512_castsi512_ps(value);
 }
 
+// A vector of quantization scales with what the quotient x / scale needs: the correctly
+// rounded reciprocals and which lanes' scales lie in [2^-40, 2^40].
+struct QuantScale {
+  __m512 scale, reciprocal;
+  __mmask16 moderate;
+};
+
+GMM_TARGET_AVX512 inline __mmask16 moderate_scales(__m512 scale) {
+  return _mm512_cmp_ps_mask(scale, _mm512_set1_ps(0x1p-40f), _CMP_GE_OQ) &
+         _mm512_cmp_ps_mask(scale, _mm512_set1_ps(0x1p40f), _CMP_LE_OQ);
+}
+
+GMM_TARGET_AVX512 inline QuantScale make_quant_scale(__m512 scale) {
+  return {scale, _mm512_div_ps(_mm512_set1_ps(1.0f), scale), moderate_scales(scale)};
+}
+
+// x / scale correctly rounded, as a division gives it, at the cost of a multiply and two FMAs:
+// with r = RN(1 / s), q = RN(x r) and the exact remainder e = x - q s (one FMA),
+// RN(q + e r) = RN(x / s) (Markstein's theorem) whenever nothing underflows or overflows, which
+// |x| in [2^-60, 2^60] and s in [2^-40, 2^40] guarantee; other lanes (zeros, NaN, inf, extreme
+// magnitudes) take the division.
+GMM_TARGET_AVX512 inline __m512 divide16(__m512 x, const QuantScale& s) {
+  const __m512 magnitude = _mm512_abs_ps(x);
+  const __mmask16 fast = s.moderate &
+                         _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(0x1p-60f), _CMP_GE_OQ) &
+                         _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(0x1p60f), _CMP_LE_OQ);
+  const __m512 q = _mm512_mul_ps(x, s.reciprocal);
+  const __m512 remainder = _mm512_fnmadd_ps(q, s.scale, x);
+  const __m512 quotient = _mm512_fmadd_ps(remainder, s.reciprocal, q);
+  if (fast == 0xFFFF) return quotient;
+  return _mm512_mask_div_ps(quotient, static_cast<__mmask16>(~fast), x, s.scale);
+}
+
 // Quantized values (without the scale) of 16 fp32 inputs: cast(clip(x / scale)), the exact
-// rules of core/qvalue.hpp (a division, NaN passing the clip, int8 NaN stored as 0).
+// rules of core/qvalue.hpp (the quotient of a division, NaN passing the clip, int8 NaN stored as
+// 0).
 template <QType kQ>
-GMM_TARGET_AVX512 inline __m512 quantize16(__m512 x, __m512 scale) {
+GMM_TARGET_AVX512 inline __m512 quantize16(__m512 x, const QuantScale& scale) {
   const __m512 bound = _mm512_set1_ps(qmax(kQ));
-  __m512 q = _mm512_div_ps(x, scale);
+  __m512 q = divide16(x, scale);
   q = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), bound), _mm512_min_ps(bound, q));
   if constexpr (kQ == QType::int8) {
     const __mmask16 number = _mm512_cmp_ps_mask(q, q, _CMP_ORD_Q);
@@ -135,7 +170,7 @@ GMM_TARGET_AVX512 inline __m512 quantize16(__m512 x, __m512 scale) {
 struct LoadQuantized {
   template <DType kDtype, QType kQ, bool kQuantize>
   GMM_TARGET_AVX512 static __m512 run(const void* base, std::int64_t index, std::int64_t stride,
-                                      __mmask16 mask, __m512 scale) {
+                                      __mmask16 mask, const QuantScale& scale) {
     const __m512 x = stride == 1 ? load16<kDtype>(base, index, mask)
                                  : load16_strided<kDtype>(base, index, stride, mask);
     if constexpr (kQuantize) {
@@ -146,6 +181,20 @@ struct LoadQuantized {
     }
   }
 };
+
+// Quantization scales of lanes lane .. lane + 15 (1 past `lanes`); only computed when quantizing.
+template <bool kQuantize>
+GMM_TARGET_AVX512 inline QuantScale lane_quant_scale(const float* lane_scales, std::int64_t lane,
+                                                     std::int64_t lanes) {
+  if constexpr (!kQuantize) {
+    return {_mm512_setzero_ps(), _mm512_setzero_ps(), 0};
+  } else {
+    const __mmask16 live = lanes - lane >= 16 ? static_cast<__mmask16>(0xFFFF)
+                           : lanes <= lane    ? static_cast<__mmask16>(0)
+                                              : static_cast<__mmask16>((1u << (lanes - lane)) - 1);
+    return make_quant_scale(_mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane));
+  }
+}
 
 inline __mmask16 first_lanes(std::int64_t count) {
   return count >= 16  ? static_cast<__mmask16>(0xFFFF)
@@ -220,7 +269,14 @@ GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width
   };
   for (std::int64_t lane = 0; lane < panel_lanes; lane += 16) {
     const __mmask16 live = first_lanes(lanes - lane);
-    const __m512 lane_scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane);
+    const QuantScale lane_scale = lane_quant_scale<kQuantize>(lane_scales, lane, lanes);
+    QuantScale run_scales[16];  // runs along the contraction: one lane's scale each
+    if constexpr (kQuantize && !runs_along_lanes) {
+      for (int i = 0; i < 16; ++i) {
+        run_scales[i] =
+            make_quant_scale(_mm512_set1_ps(((live >> i) & 1) ? lane_scales[lane + i] : 1.0f));
+      }
+    }
     for (std::int64_t k = 0; k < padded_k; k += 16) {
       __m512 r[16];
 #pragma GCC unroll 16
@@ -232,10 +288,9 @@ GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width
               lane_scale);
         } else {  // run i: lane + i, 16 contraction indices
           const __mmask16 valid = ((live >> i) & 1) ? first_lanes(kc - k) : 0;
-          const __m512 scale = _mm512_set1_ps(((live >> i) & 1) ? lane_scales[lane + i] : 1.0f);
           r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
               src.data, (lane0 + lane + i) * src.lane_stride + (k0 + k) * src.k_stride, 1, valid,
-              scale);
+              run_scales[i]);
         }
       }
       transpose16(r);
@@ -286,7 +341,9 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
     for (std::int64_t lane = 0; lane < panels * width; ++lane) {
       Element* dst = packed + (lane / width) * padded_k * width + (lane % width) * padded_k;
       const bool live = lane < lanes;
-      const __m512 scale = _mm512_set1_ps(live ? lane_scales[lane] : 1.0f);
+      QuantScale scale{};
+      if constexpr (kQuantize)
+        scale = make_quant_scale(_mm512_set1_ps(live ? lane_scales[lane] : 1.0f));
       const std::int64_t base = (lane0 + lane) * src.lane_stride + k0 * src.k_stride;
       for (std::int64_t k = 0; k < padded_k; k += 16) {
         const __mmask16 valid = live ? first_lanes(kc - k) : 0;
@@ -301,13 +358,25 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
       }
     }
   } else {
+    std::vector<float> reciprocals;  // of the lanes' scales, computed once for all steps
+    if constexpr (kQuantize) {
+      reciprocals.resize(static_cast<std::size_t>(lanes));
+      for (std::int64_t lane = 0; lane < lanes; ++lane)
+        reciprocals[lane] = 1.0f / lane_scales[lane];
+    }
     for (std::int64_t s = 0; s < steps; ++s) {
       for (std::int64_t lane = 0; lane < panels * width; lane += 16) {
         Element* dst =
             packed + (lane / width) * padded_k * width + (s * width + lane % width) * depth;
         const __mmask16 live = first_lanes(lanes - lane);
         const __mmask16 valid = s * depth < kc ? live : 0;
-        const __m512 scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane);
+        QuantScale scale{};
+        if constexpr (kQuantize) {
+          scale.scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane);
+          scale.reciprocal =
+              _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, reciprocals.data() + lane);
+          scale.moderate = moderate_scales(scale.scale);
+        }
         const std::int64_t base =
             (lane0 + lane) * src.lane_stride + (k0 + s * depth) * src.k_stride;
         if (src.lane_stride == 1 && (s + kPrefetchSteps) * depth < kc) {

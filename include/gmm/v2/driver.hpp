@@ -169,7 +169,7 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, std::int
 constexpr std::int64_t kWholeABytes = 4 * 1024 * 1024;
 
 // Bytes of the packed B block of a task of a few rows (see run_task).
-constexpr std::int64_t kSkinnyBlockBytes = 1024 * 1024;
+constexpr std::int64_t kSkinnyBlockBytes = 512 * 1024;
 
 // Computes one task: pack the task's A rows over the whole contraction once (quantizing in the
 // kernel where asked), then per block of tiles.n columns and contraction chunk pack the B
