@@ -1,6 +1,7 @@
 // Baselines on Eigen: a per-group loop of Eigen GEMMs (fp32), and the naive fp8 path (dequantize
 // everything to f32, then the same loop).
 #include <Eigen/Core>
+#include <algorithm>
 #include <gmm/core/quantize.hpp>
 #include <type_traits>
 
@@ -13,36 +14,48 @@ template <typename T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMap = Eigen::Map<const RowMatrix<float>>;
 
+// out = product, [rows, cols]; a bf16 `out` gets the product evaluated into the f32 `scratch`
+// (at least rows * cols) and rounded once.
 template <typename Out, typename Product>
-void assign(Eigen::Map<RowMatrix<Out>> out, const Product& product) {
+void assign(Out* out, std::int64_t rows, std::int64_t cols, const Product& product,
+            float* scratch) {
   if constexpr (std::is_same_v<Out, float>) {
-    out.noalias() = product;
+    Eigen::Map<RowMatrix<float>>(out, rows, cols).noalias() = product;
   } else {
-    out = product.template cast<Out>();
+    Eigen::Map<RowMatrix<float>> f32(scratch, rows, cols);
+    f32.noalias() = product;
+    Eigen::Map<RowMatrix<Out>>(out, rows, cols) = f32.template cast<Out>();
   }
 }
 
+// Elements of the largest per-group result of a pass (the f32 scratch of a bf16 output).
+std::int64_t largest_result(Pass pass, const Workload& w) {
+  if (pass == Pass::drhs) return w.shape().k * w.shape().n;
+  const std::int32_t rows = *std::max_element(w.group_sizes().begin(), w.group_sizes().end());
+  return rows * (pass == Pass::fwd ? w.shape().n : w.shape().k);
+}
+
 // One Eigen GEMM per group: fwd out_g = x_g w_g; dlhs out_g = dy_g w_g^T; drhs out_g = x_g^T dy_g
-// (lhs is x or dy, rhs is w or dy, all f32).
+// (lhs is x or dy, rhs is w or dy, all f32; `scratch` as in assign for a bf16 output).
 template <typename Out>
-void eigen_grouped(Pass pass, const Workload& w, const float* lhs, const float* rhs, Out* out) {
+void eigen_grouped(Pass pass, const Workload& w, const float* lhs, const float* rhs, Out* out,
+                   float* scratch = nullptr) {
   const std::int64_t k = w.shape().k, n = w.shape().n;
   for (std::int64_t g = 0; g < w.shape().groups; ++g) {
     const std::int64_t rows = w.group_sizes()[g], first = w.group_offsets()[g];
-    if (pass == Pass::drhs) {
-      Eigen::Map<RowMatrix<Out>> block(out + g * k * n, k, n);
-      if (rows == 0) {
-        block.setZero();
-      } else {
-        assign(block,
-               ConstMap(lhs + first * k, rows, k).transpose() * ConstMap(rhs + first * n, rows, n));
-      }
+    if (pass == Pass::drhs && rows == 0) {
+      Eigen::Map<RowMatrix<Out>>(out + g * k * n, k, n).setZero();
+    } else if (pass == Pass::drhs) {
+      assign(out + g * k * n, k, n,
+             ConstMap(lhs + first * k, rows, k).transpose() * ConstMap(rhs + first * n, rows, n),
+             scratch);
     } else if (rows > 0 && pass == Pass::fwd) {
-      assign(Eigen::Map<RowMatrix<Out>>(out + first * n, rows, n),
-             ConstMap(lhs + first * k, rows, k) * ConstMap(rhs + g * k * n, k, n));
+      assign(out + first * n, rows, n,
+             ConstMap(lhs + first * k, rows, k) * ConstMap(rhs + g * k * n, k, n), scratch);
     } else if (rows > 0) {
-      assign(Eigen::Map<RowMatrix<Out>>(out + first * k, rows, k),
-             ConstMap(lhs + first * n, rows, n) * ConstMap(rhs + g * k * n, k, n).transpose());
+      assign(out + first * k, rows, k,
+             ConstMap(lhs + first * n, rows, n) * ConstMap(rhs + g * k * n, k, n).transpose(),
+             scratch);
     }
   }
 }
@@ -89,11 +102,13 @@ void run_naive_fp8(benchmark::State& state, const Case& c) {
       const OperandPtr out = w.output(c.pass, gmm::DType::bf16);
       const OperandPtr xf = w.scratch("x", 1, s.m, s.k);
       const OperandPtr dyf = w.scratch("dy", 1, s.m, s.n);
+      const OperandPtr product = w.scratch("product", 1, 1, largest_result(c.pass, w));
       const LoopTime time = time_calls(state, w, [&] {
         extra = fake_quantize(*x, spec, true, *xf) + fake_quantize(*dy, spec, true, *dyf);
-        eigen_grouped(c.pass, w, xf->as<float>(), dyf->as<float>(), out->as<gmm::bfloat16>());
+        eigen_grouped(c.pass, w, xf->as<float>(), dyf->as<float>(), out->as<gmm::bfloat16>(),
+                      product->as<float>());
       });
-      extra += static_cast<std::int64_t>(xf->bytes + dyf->bytes) + 4 * s.k * s.n;
+      extra += static_cast<std::int64_t>(xf->bytes + dyf->bytes + product->bytes);
       set_counters(state, c, w, time, weight_bytes(c, w, *out), extra);
     } else {
       const bool fwd = c.pass == Pass::fwd;
@@ -104,13 +119,14 @@ void run_naive_fp8(benchmark::State& state, const Case& c) {
       const OperandPtr out = w.output(c.pass, gmm::DType::bf16);
       const OperandPtr lhsf = w.scratch("lhs", 1, lhs->rows, lhs->cols);
       const OperandPtr weightsf = w.scratch("w", s.groups, s.k, s.n);
+      const OperandPtr product = w.scratch("product", 1, 1, largest_result(c.pass, w));
       const LoopTime time = time_calls(state, w, [&] {
         extra = fake_quantize(*lhs, spec, false, *lhsf);
         gmm::dequantize(weights->grouped(), weightsf->out_grouped(), run_config().threads);
-        eigen_grouped(c.pass, w, lhsf->as<float>(), weightsf->as<float>(),
-                      out->as<gmm::bfloat16>());
+        eigen_grouped(c.pass, w, lhsf->as<float>(), weightsf->as<float>(), out->as<gmm::bfloat16>(),
+                      product->as<float>());
       });
-      extra += static_cast<std::int64_t>(lhsf->bytes + weightsf->bytes) + 4 * out->rows * out->cols;
+      extra += static_cast<std::int64_t>(lhsf->bytes + weightsf->bytes + product->bytes);
       set_counters(state, c, w, time, weight_bytes(c, w, *weights), extra);
     }
   } catch (const std::exception& e) {

@@ -131,11 +131,10 @@ def chart(results, shapes, context, path):
                                                context.get("date", "")[:10])
     plots = []
     for i, p in enumerate(PASSES):
-        cols = ", ".join(
-            "'%s' using %d:xtic(1) title %s" % (os.path.join(work, p + ".dat"), c + 2,
-                                                 "columnheader" if i == 0 else "''")
-            for c in range(len(series)))
-        plots.append("set title '%s'\nplot %s" % (p, cols))
+        data = os.path.join(work, p + ".dat")
+        cols = ", ".join("'%s' using %d:xtic(1) title columnheader" % (data, c + 2)
+                         for c in range(len(series)))
+        plots.append("%sset title '%s'\nplot %s" % ("unset key\n" if i else "", p, cols))
     script = "\n".join([
         "set terminal pngcairo size 1400,1500 font ',10'",
         "set output '%s'" % path,
@@ -144,7 +143,7 @@ def chart(results, shapes, context, path):
         "set style histogram cluster gap 1",
         "set style fill solid 0.9 border -1",
         "set logscale y",
-        "set yrange [0.1:*]",
+        "set yrange [0.1:10000]",
         "set lmargin 10",
         "set rmargin 24",
         "set ylabel 'GFLOP/s (log)'",
@@ -182,9 +181,10 @@ def main():
     if not path:
         parser.error("give a JSON file or --run")
     context, results, shapes = load(path)
-    keys = ["date", "host_name", "num_cpus", "gmm_threads", "gmm_shapes", "gmm_compile_flags",
-            "peak_fp32_1t", "peak_fp32_2t", "peak_bf16_1t", "peak_bf16_2t", "peak_read_1t",
-            "peak_read_2t", "peak_fp32_isa", "peak_bf16_isa", "eigen", "openblas", "onednn"]
+    keys = ["date", "host_name", "num_cpus", "load_avg", "gmm_threads", "gmm_shapes",
+            "gmm_compile_flags", "peak_fp32_1t", "peak_fp32_2t", "peak_bf16_1t", "peak_bf16_2t",
+            "peak_amx_bf16_1t", "peak_amx_bf16_2t", "peak_read_1t", "peak_read_2t",
+            "peak_fp32_isa", "peak_bf16_isa", "eigen", "openblas", "onednn"]
     keys += sorted(k for k in context if k.startswith("shape_"))
     for k in keys:
         if k in context:

@@ -23,7 +23,7 @@ double for_threads(const double (&probe)[2], int threads) {
 double Peaks::compute_peak(Recipe recipe, int threads) const {
   const double fp32 = for_threads(fp32_flops, threads);
   if (recipe == Recipe::fp32) return fp32;
-  return std::max(fp32, for_threads(bf16_flops, threads));
+  return std::max({fp32, for_threads(bf16_flops, threads), for_threads(amx_bf16_flops, threads)});
 }
 
 double Peaks::read_peak(int threads) const { return for_threads(read_bytes, threads); }

@@ -14,16 +14,14 @@ namespace gmm_bench {
 
 // This machine's limits, probed at startup (probes.cpp), per thread count 1 and 2.
 struct Peaks {
-  double fp32_flops[2] = {0, 0};  // vfmadd231ps, flop/s
-  double bf16_flops[2] = {0, 0};  // vdpbf16ps, flop/s (0 when the CPU has no AVX-512 BF16)
-  double read_bytes[2] = {0, 0};  // streaming read of a large buffer, bytes/s
-  // AMX tdpbf16ps, flop/s (0 without AMX): a reference for AMX paths (oneDNN's bf16 matmul),
-  // which can exceed the vdpbf16ps peak that pct_peak uses.
-  double amx_bf16_flops[2] = {0, 0};
+  double fp32_flops[2] = {0, 0};      // vfmadd231ps, flop/s
+  double bf16_flops[2] = {0, 0};      // vdpbf16ps, flop/s (0 when the CPU has no AVX-512 BF16)
+  double read_bytes[2] = {0, 0};      // streaming read of a large buffer, bytes/s
+  double amx_bf16_flops[2] = {0, 0};  // AMX tdpbf16ps, flop/s (0 without AMX)
   std::string fp32_isa, bf16_isa;
   // The compute peak a recipe is held to: fp32 FMA for fp32; for bf16 and fp8 (whose values are
-  // exact in bf16 and may be multiplied either way) the larger of the bf16 dot product and fp32
-  // FMA. AMX paths are measured against the same number and can exceed 100%.
+  // exact in bf16 and may be multiplied by any engine) the fastest of AMX, the AVX-512 bf16 dot
+  // product and fp32 FMA: this machine's limit for the recipe.
   double compute_peak(Recipe recipe, int threads) const;
   double read_peak(int threads) const;
 };
