@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   const bool has_min_time = std::any_of(
       cl.benchmark_args.begin(), cl.benchmark_args.end(),
       [](const char* arg) { return std::string_view(arg).find("--benchmark_min_time") == 0; });
-  std::string min_time = quick ? "--benchmark_min_time=0.01" : "--benchmark_min_time=0.1";
+  std::string min_time = quick ? "--benchmark_min_time=0.01" : "--benchmark_min_time=0.2";
   if (!has_min_time) cl.benchmark_args.push_back(min_time.data());
   int bench_argc = static_cast<int>(cl.benchmark_args.size());
   cl.benchmark_args.push_back(nullptr);
