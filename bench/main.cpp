@@ -88,7 +88,7 @@ void select_openblas_core(const CommandLine& cl, char** argv) {
 #endif
 }
 
-void set_library_threads(int threads) {
+void set_library_threads([[maybe_unused]] int threads) {
   Eigen::setNbThreads(1);  // the Eigen baselines raise it around their own calls
 #ifdef GMM_BENCH_WITH_OPENBLAS
   openblas_set_num_threads(threads);
