@@ -32,11 +32,11 @@ struct Shape {
   GroupDistribution distribution = GroupDistribution::multinomial;
 };
 
-// The shapes of a run. full: design.md section 7 exactly (--full-size; tens of GB of operands
-// and about an hour on 2 cores). scaled (default): the same shapes with fewer experts and rows
-// but the same K, N, rows per expert and group distribution, so the per-expert products and the
-// weight streaming they exercise are those of the full shapes, in about 5 minutes. quick: two
-// small shapes for CI smoke (--quick).
+// The shapes of a run. full: design.md section 7 exactly (--full-size; weights up to 7.5 GB per
+// operand, up to 8x the default run's flops per shape). scaled (default): the same shapes with
+// fewer experts and rows but the same K, N, rows per expert and group distribution, so the
+// per-expert products and the weight streaming they exercise are those of the full shapes, in
+// about 5 minutes. quick: two small shapes for CI smoke (--quick).
 enum class ShapeSet { scaled, full, quick };
 const std::vector<Shape>& shapes(ShapeSet set);
 std::string_view name(ShapeSet set);
