@@ -1,8 +1,9 @@
 // Element types gmm understands (DType), quantized types (QType) and their properties.
 #pragma once
 
-#include <Eigen/Core>
 #include <fmt/format.h>
+
+#include <Eigen/Core>
 #include <cstdint>
 #include <string_view>
 
