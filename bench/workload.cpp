@@ -45,6 +45,7 @@ const std::vector<Shape>& shapes(ShapeSet set) {
       {"compute-bound", 8, 4096, 4096, 4096, D::first_takes_all},
       {"decode", 8, 8, 4096, 4096, D::one_each},
       {"skewed", 64, 8192, 2048, 1408, D::zipf},
+      {"skewed-uniform", 64, 8192, 2048, 1408, D::multinomial},
   };
   static const std::vector<Shape> scaled = {
       {"dsv3-up", 32, 512, 7168, 1024, D::multinomial},
@@ -55,6 +56,7 @@ const std::vector<Shape>& shapes(ShapeSet set) {
       {"compute-bound", 8, 1024, 4096, 4096, D::first_takes_all},
       {"decode", 8, 8, 4096, 4096, D::one_each},
       {"skewed", 64, 2048, 2048, 1408, D::zipf},
+      {"skewed-uniform", 64, 2048, 2048, 1408, D::multinomial},
   };
   static const std::vector<Shape> quick = {
       {"mini", 8, 512, 512, 256, D::multinomial},

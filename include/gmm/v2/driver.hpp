@@ -34,8 +34,10 @@ struct Side {
   SideScales scales;
 };
 
-// Absmax scales of one side over the contraction blocks a job touches, computed once per job
-// before its tasks run: scale(lane, block) = values[(lane - lane_begin) * blocks + block - block0].
+// Absmax scales of one side's lanes over the contraction blocks its jobs touch, computed once
+// before the tasks run and shared by the jobs that read the same lanes of the same source (tgmm's
+// groups share their quantization blocks along M):
+// scale(lane, block) = values[(lane - lane_begin) * blocks + block - block0].
 struct AbsmaxTable {
   std::vector<float> values;
   std::int64_t lane_begin = 0, block0 = 0, blocks = 0;
@@ -47,7 +49,7 @@ struct Job {
   Side a, b;
   std::int64_t a_begin = 0, a_end = 0, k_begin = 0, k_end = 0;
   void* out = nullptr;
-  AbsmaxTable a_table, b_table;
+  std::int64_t a_table = -1, b_table = -1;  // index in Product::tables of an absmax side
 };
 
 // The whole call: its jobs and everything they share.
@@ -60,6 +62,7 @@ struct Product {
   std::int64_t out_row_stride = 0;
   bool accumulate = false;
   std::vector<Job> jobs;
+  std::vector<AbsmaxTable> tables;
 };
 
 // Per-thread buffers: packed panels, the fp32 tile of C and per-lane scales.
@@ -90,25 +93,24 @@ inline std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
   return (x + multiple - 1) / multiple * multiple;
 }
 
-// Fills the absmax scales of lanes [lane0, lane0 + lanes) of one side into its job's table
-// (core/qvalue.hpp rules).
+// Fills the absmax scales of lanes [lane0, lane0 + lanes) of one side in contraction block b
+// into its table (core/qvalue.hpp rules).
 inline void fill_absmax_table(const kernels::KernelKit& kit, const Side& side, AbsmaxTable& table,
-                              std::int64_t lane0, std::int64_t lanes, std::vector<float>& scratch) {
+                              std::int64_t b, std::int64_t lane0, std::int64_t lanes,
+                              std::vector<float>& scratch) {
   const std::int64_t size = side.scales.quant_block;
   scratch.resize(static_cast<std::size_t>(lanes));
-  for (std::int64_t b = table.block0; b < table.block0 + table.blocks; ++b) {
-    kit.absmax(side.source, lane0, lanes, b * size, std::min(side.scales.k_extent, (b + 1) * size),
-               scratch.data());
-    for (std::int64_t w = 0; w < lanes; ++w) {
-      table.values[(lane0 - table.lane_begin + w) * table.blocks + (b - table.block0)] =
-          gmm::detail::absmax_scale(scratch[w], side.source.qtype);
-    }
+  kit.absmax(side.source, lane0, lanes, b * size, std::min(side.scales.k_extent, (b + 1) * size),
+             scratch.data());
+  for (std::int64_t w = 0; w < lanes; ++w) {
+    table.values[(lane0 - table.lane_begin + w) * table.blocks + (b - table.block0)] =
+        gmm::detail::absmax_scale(scratch[w], side.source.qtype);
   }
 }
 
 // Scales of one side for lanes [lane0, lane0 + lanes) in the contraction chunk starting at k
 // (padded lanes up to `padded` get 0).
-inline void chunk_scales(const Side& side, const AbsmaxTable& table, std::int64_t lane0,
+inline void chunk_scales(const Side& side, const AbsmaxTable* table, std::int64_t lane0,
                          std::int64_t lanes, std::int64_t padded, std::int64_t k, float* out) {
   const SideScales& s = side.scales;
   switch (s.kind) {
@@ -133,13 +135,18 @@ inline void chunk_scales(const Side& side, const AbsmaxTable& table, std::int64_
       break;
     }
     case SideScales::Kind::absmax: {
-      const float* column = table.values.data() + (lane0 - table.lane_begin) * table.blocks +
-                            (k / s.quant_block - table.block0);
-      for (std::int64_t w = 0; w < lanes; ++w) out[w] = column[w * table.blocks];
+      const float* column = table->values.data() + (lane0 - table->lane_begin) * table->blocks +
+                            (k / s.quant_block - table->block0);
+      for (std::int64_t w = 0; w < lanes; ++w) out[w] = column[w * table->blocks];
       break;
     }
   }
   std::fill(out + lanes, out + padded, 0.0f);
+}
+
+// The absmax table at `index` in p.tables, or null for a side without one.
+inline const AbsmaxTable* table(const Product& p, std::int64_t index) {
+  return index < 0 ? nullptr : &p.tables[static_cast<std::size_t>(index)];
 }
 
 // Stores the fp32 tile of a task into the output (once rounded for bf16; added when
@@ -210,7 +217,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
         (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
     a_bytes += bytes;
     a_chunk_bytes = std::max(a_chunk_bytes, bytes);
-    chunk_scales(job.a, job.a_table, t.a0, rows, rows_padded, ws.chunks[c],
+    chunk_scales(job.a, table(p, job.a_table), t.a0, rows, rows_padded, ws.chunks[c],
                  ws.a_scales.data() + c * rows_padded);
   }
   const bool whole_a = a_bytes <= static_cast<std::size_t>(kWholeABytes);
@@ -238,7 +245,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     for (std::int64_t c = 0; c < chunk_count; ++c) {
       const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
       if (!whole_a) pack_a_chunk(c, a_offset);
-      chunk_scales(job.b, job.b_table, b0, cols, ldc, k, ws.b_scales.data());
+      chunk_scales(job.b, table(p, job.b_table), b0, cols, ldc, k, ws.b_scales.data());
       p.kit.pack_b(job.b.source, f.nr, b0, cols, k, kc, ws.b_scales.data(), ws.b_packed.data());
       const std::int64_t steps = f.steps(kc);
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
@@ -310,41 +317,81 @@ inline OperandTrace caller_operand_trace(DType dtype, const Scales& scales) {
 // Computes the absmax tables, splits every job into tasks (independent of the thread count, so
 // results are too) and runs them on `threads` workers. Returns the peak bytes of all buffers.
 inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
-  // absmax scales of in-kernel quantization: once per job, in lane chunks
-  struct TableTask {
-    std::int64_t job;
+  // absmax scales of in-kernel quantization: one table per side and lane range (consecutive jobs
+  // on the same lanes of the same source share it), each block a job touches computed once, in
+  // lane chunks
+  struct TableSide {
+    std::int64_t table;
     bool a_side;
-    std::int64_t lane0, lanes;
+    std::int64_t job;  // a job reading it (for the side's source and scales)
   };
-  constexpr std::int64_t kTableLanes = 256;
-  std::vector<TableTask> table_tasks;
-  std::int64_t table_bytes = 0;
+  std::vector<TableSide> sides;
+  std::vector<std::vector<bool>> touched;  // per table: which of its blocks some job reads
+  std::int64_t last[2] = {-1, -1};         // latest table of the A and B sides
   for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
     Job& job = p.jobs[j];
     for (bool a_side : {true, false}) {
       const Side& side = a_side ? job.a : job.b;
       if (side.scales.kind != SideScales::Kind::absmax || job.k_end <= job.k_begin) continue;
-      AbsmaxTable& table = a_side ? job.a_table : job.b_table;
       const std::int64_t begin = a_side ? job.a_begin : 0, end = a_side ? job.a_end : p.n;
       const std::int64_t size = side.scales.quant_block;
-      table.lane_begin = begin;
-      table.block0 = job.k_begin / size;
-      table.blocks = (job.k_end - 1) / size + 1 - table.block0;
-      table.values.resize(static_cast<std::size_t>((end - begin) * table.blocks));
-      table_bytes += static_cast<std::int64_t>(table.values.size() * sizeof(float));
-      for (std::int64_t l = begin; l < end; l += kTableLanes) {
-        table_tasks.push_back({j, a_side, l, std::min(kTableLanes, end - l)});
+      const std::int64_t block0 = job.k_begin / size, block_end = (job.k_end - 1) / size + 1;
+      std::int64_t& t = last[a_side ? 0 : 1];
+      bool shared = false;
+      if (t >= 0) {
+        const AbsmaxTable& prior = p.tables[static_cast<std::size_t>(t)];
+        const Job& owner = p.jobs[sides[static_cast<std::size_t>(t)].job];
+        const Side& prior_side = a_side ? owner.a : owner.b;
+        const std::int64_t prior_end =
+            a_side ? prior.lane_begin + (owner.a_end - owner.a_begin) : p.n;
+        shared = prior_side.source.data == side.source.data && prior.lane_begin == begin &&
+                 prior_end == end && prior_side.scales.quant_block == size &&
+                 block0 >= prior.block0;
+      }
+      if (!shared) {
+        t = static_cast<std::int64_t>(p.tables.size());
+        p.tables.push_back({{}, begin, block0, 0});
+        sides.push_back({t, a_side, j});
+        touched.emplace_back();
+      }
+      AbsmaxTable& table = p.tables[static_cast<std::size_t>(t)];
+      table.blocks = std::max(table.blocks, block_end - table.block0);
+      std::vector<bool>& marks = touched[static_cast<std::size_t>(t)];
+      marks.resize(static_cast<std::size_t>(table.blocks), false);
+      for (std::int64_t b = block0; b < block_end; ++b) marks[b - table.block0] = true;
+      (a_side ? job.a_table : job.b_table) = t;
+    }
+  }
+  struct TableTask {
+    std::int64_t side, block, lane0, lanes;
+  };
+  constexpr std::int64_t kTableLanes = 256;
+  std::vector<TableTask> table_tasks;
+  std::int64_t table_bytes = 0;
+  for (std::int64_t s = 0; s < static_cast<std::int64_t>(sides.size()); ++s) {
+    AbsmaxTable& table = p.tables[static_cast<std::size_t>(sides[s].table)];
+    const Job& job = p.jobs[sides[s].job];
+    const std::int64_t lanes = sides[s].a_side ? job.a_end - job.a_begin : p.n;
+    table.values.resize(static_cast<std::size_t>(lanes * table.blocks));
+    table_bytes += static_cast<std::int64_t>(table.values.size() * sizeof(float));
+    for (std::int64_t b = 0; b < table.blocks; ++b) {
+      if (!touched[static_cast<std::size_t>(s)][b]) continue;
+      for (std::int64_t l = table.lane_begin; l < table.lane_begin + lanes; l += kTableLanes) {
+        table_tasks.push_back(
+            {s, table.block0 + b, l, std::min(kTableLanes, table.lane_begin + lanes - l)});
       }
     }
   }
   std::vector<std::vector<float>> scratch(static_cast<std::size_t>(std::max(1, threads)));
-  parallel_for(
-      static_cast<std::int64_t>(table_tasks.size()), threads, [&](std::int64_t i, int worker) {
-        const TableTask& t = table_tasks[i];
-        Job& job = p.jobs[t.job];
-        fill_absmax_table(p.kit, t.a_side ? job.a : job.b, t.a_side ? job.a_table : job.b_table,
-                          t.lane0, t.lanes, scratch[worker]);
-      });
+  parallel_for(static_cast<std::int64_t>(table_tasks.size()), threads,
+               [&](std::int64_t i, int worker) {
+                 const TableTask& t = table_tasks[i];
+                 const TableSide& side = sides[static_cast<std::size_t>(t.side)];
+                 const Job& job = p.jobs[side.job];
+                 fill_absmax_table(p.kit, side.a_side ? job.a : job.b,
+                                   p.tables[static_cast<std::size_t>(side.table)], t.block, t.lane0,
+                                   t.lanes, scratch[worker]);
+               });
 
   std::vector<Task> tasks;
   for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
