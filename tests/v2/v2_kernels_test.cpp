@@ -204,6 +204,59 @@ TEST(V2Kernels, AbsmaxMatchesReference) {
   }
 }
 
+// A kit's output epilogue stores (or adds) fp32 values into f32 / bf16 rows exactly as the
+// scalar path does (Eigen's bfloat16 rounding, signed NaN), for row lengths around the vector
+// width, without touching elements past the row.
+TEST(V2Kernels, StoreRowMatchesScalar) {
+  Rng rng(10);
+  std::vector<float> values = adversarial_values(rng);
+  values.push_back(-std::numeric_limits<float>::quiet_NaN());
+  values.push_back(1.0f + 0x1p-8f);  // bf16 ties, to even both ways
+  values.push_back(1.0f + 3 * 0x1p-8f);
+  values.push_back(std::numeric_limits<float>::max());
+  int checked = 0;
+  for (const KernelKit& kit : kits()) {
+    if (kit.store_row == nullptr) continue;
+    for (DType d : {DType::f32, DType::bf16}) {
+      for (bool accumulate : {false, true}) {
+        for (std::int64_t n : {1, 15, 16, 17, 33, 100}) {
+          std::vector<float> src(n);
+          for (float& x : src) x = values[rng.integer(0, values.size() - 1)];
+          const std::int64_t padded = n + 5;  // elements past n must stay as they were
+          std::vector<unsigned char> fast(padded * size_of(d)), slow;
+          for (std::int64_t j = 0; j < padded; ++j) {
+            store_as(fast.data(), d, j, values[rng.integer(0, values.size() - 1)]);
+          }
+          slow = fast;
+          kit.store_row(src.data(), fast.data(), d, n, accumulate);
+          for (std::int64_t j = 0; j < n; ++j) {
+            const float old = load_as_float(slow.data(), d, j);
+            const float sum = accumulate ? old + src[j] : src[j];
+            if (d == DType::f32) {
+              std::memcpy(slow.data() + j * 4, &sum, 4);
+            } else {
+              const bfloat16 rounded(sum);
+              std::memcpy(slow.data() + j * 2, &rounded, 2);
+            }
+          }
+          const std::size_t size = size_of(d);
+          for (std::int64_t j = 0; j < padded; ++j) {
+            // a sum of two NaNs may keep either one's sign: only that is left open
+            const bool both_nan = accumulate && std::isnan(load_as_float(fast.data(), d, j)) &&
+                                  std::isnan(load_as_float(slow.data(), d, j));
+            EXPECT_TRUE(both_nan ||
+                        std::memcmp(fast.data() + j * size, slow.data() + j * size, size) == 0)
+                << name(kit.isa) << " " << name(d) << " n " << n << " element " << j
+                << (accumulate ? " accumulate" : "");
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  if (kernels::isa_supported(Isa::avx512f)) EXPECT_GT(checked, 0);
+}
+
 // Each micro-kernel computes c (= / +=) (A B) * row_scale * col_scale; with small integers
 // every sum is exact, so it must equal the scalar loop bit for bit.
 TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {

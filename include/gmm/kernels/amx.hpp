@@ -182,6 +182,7 @@ inline KernelKit amx_kit() {
   kit.few_rows_kernel = kernel_amx_bf16<1>;
   kit.few_rows = 16;
   kit.absmax = absmax_avx512;
+  kit.store_row = store_row_avx512_out;
   kit.begin = amx_begin;
   kit.end = amx_end;
   kit.tiles = {256, 512, 512};

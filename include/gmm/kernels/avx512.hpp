@@ -506,6 +506,44 @@ GMM_TARGET_AVX512 inline void absmax_avx512(const PanelSource& src, std::int64_t
   }
 }
 
+// ---- Output epilogue -----------------------------------------------------------------------
+
+// bf16 bits of 16 fp32 values rounded to nearest even, NaN as Eigen's bfloat16(float) gives it
+// (0x7FC0 or 0xFFC0 by sign).
+GMM_TARGET_AVX512 inline __m256i round_to_bf16_words(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __m512i nan =
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                      _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(
+      _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan));
+}
+
+// KernelKit::store_row of the AVX-512 paths: 16 values per step, masked at the row's end.
+GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, DType dtype,
+                                                   std::int64_t n, bool accumulate) {
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = first_lanes(n - j);
+    __m512 v = _mm512_maskz_loadu_ps(mask, src + j);
+    if (dtype == DType::f32) {
+      float* out = static_cast<float*>(dst) + j;
+      if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), v);
+      _mm512_mask_storeu_ps(out, mask, v);
+    } else {
+      std::uint16_t* out = static_cast<std::uint16_t*>(dst) + j;
+      if (accumulate) {
+        const __m256i old = _mm256_maskz_loadu_epi16(mask, out);
+        v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(old), 16)),
+                          v);
+      }
+      _mm256_mask_storeu_epi16(out, mask, round_to_bf16_words(v));
+    }
+  }
+}
+
 // ---- Micro-kernels ------------------------------------------------------------------------
 
 // Epilogue of the AVX-512 kernels: c (= or +=) acc * row_scale * col_scales, one row.
@@ -607,6 +645,7 @@ inline KernelKit avx512f_kit() {
   kit.few_rows_kernel = kernel_avx512_f32<4, 2>;
   kit.few_rows = 4;
   kit.absmax = absmax_avx512;
+  kit.store_row = store_row_avx512_out;
   kit.tiles = {384, 128, 512};
   return kit;
 }
@@ -622,6 +661,7 @@ inline KernelKit avx512bf16_kit() {
   kit.few_rows_kernel = kernel_avx512_bf16<4, 2>;
   kit.few_rows = 4;
   kit.absmax = absmax_avx512;
+  kit.store_row = store_row_avx512_out;
   kit.tiles = {192, 512, 512};
   return kit;
 }

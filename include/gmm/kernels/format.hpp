@@ -67,6 +67,11 @@ using MicroKernelFn = void (*)(std::int64_t steps, const void* a, const void* b,
 using AbsmaxFn = void (*)(const PanelSource& source, std::int64_t lane0, std::int64_t lanes,
                           std::int64_t k_begin, std::int64_t k_end, float* absmax);
 
+// Stores n fp32 values into an f32 or bf16 output row (bf16: rounded to nearest even, NaN kept
+// with its sign as Eigen's bfloat16 conversion does), or adds them to it when `accumulate`.
+using StoreRowFn = void (*)(const float* src, void* dst, DType dtype, std::int64_t n,
+                            bool accumulate);
+
 // Everything a driver needs from one ISA path for one kind of data: the format, its packers, its
 // micro-kernel, the absmax scan of in-kernel quantization, and the default cache blocking (rows,
 // contraction, columns per task).
@@ -81,6 +86,7 @@ struct KernelKit {
   MicroKernelFn few_rows_kernel = nullptr;
   int few_rows = 0;
   AbsmaxFn absmax = nullptr;
+  StoreRowFn store_row = nullptr;  // optional: vectorized output epilogue
   // Optional: run by each worker before and after a run of micro-kernel calls (AMX: load and
   // release the tile configuration).
   void (*begin)() = nullptr;

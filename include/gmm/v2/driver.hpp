@@ -153,9 +153,15 @@ inline const AbsmaxTable* table(const Product& p, std::int64_t index) {
 // accumulating).
 inline void write_tile(const Product& p, const Job& job, const Task& t, std::int64_t b0,
                        std::int64_t cols, const float* c, std::int64_t ldc) {
+  const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
   for (std::int64_t i = t.a0; i < t.a1; ++i) {
     const float* src = c + (i - t.a0) * ldc;
     const std::int64_t offset = i * p.out_row_stride + b0;
+    if (p.kit.store_row != nullptr) {
+      p.kit.store_row(src, static_cast<unsigned char*>(job.out) + offset * element, p.out_dtype,
+                      cols, p.accumulate);
+      continue;
+    }
     if (p.out_dtype == DType::f32) {
       float* dst = static_cast<float*>(job.out) + offset;
       if (p.accumulate) {
