@@ -60,6 +60,29 @@ inline OperandTrace tgmm_operand_trace(const Matrix& x, const std::optional<Quan
   return caller_operand_trace(x.dtype, x.scales);
 }
 
+// tgmm's task blocking. Each task of tiles.m lanes of lhs re-packs (and re-quantizes) all of
+// its group's rhs, which weighs more against the product the fewer rows the groups have; so
+// unless Options::tiles asks otherwise, when the mean group is shorter than tiles.k, tasks take
+// up to 4x the lanes and as many times fewer columns (the fp32 tile of C keeps its size and the
+// packed lhs chunk stays within tiles.m x tiles.k).
+inline Tiles tgmm_tiles(const Product& product, const Options& options, const GroupRows& groups) {
+  Tiles tiles = product.tiles;
+  if (options.tiles.m > 0 || options.tiles.n > 0) return tiles;
+  std::int64_t rows = 0, used = 0;
+  for (std::int64_t g = 0; g < groups.count(); ++g) {
+    rows += groups.size(g);
+    used += groups.size(g) > 0;
+  }
+  const std::int64_t nr = product.kit.format.nr;
+  std::int64_t factor = 1;
+  while (factor < 4 && (factor * 2) * rows <= tiles.k * used && tiles.n / (factor * 2) >= 2 * nr) {
+    factor *= 2;
+  }
+  tiles.m *= factor;
+  tiles.n = round_up(tiles.n / factor, nr);
+  return tiles;
+}
+
 }  // namespace detail
 
 inline void tgmm(const TgmmProblem& p, const Options& options) {
@@ -69,6 +92,7 @@ inline void tgmm(const TgmmProblem& p, const Options& options) {
                             detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
   detail::Product product = detail::make_product(kit, options, p.n, p.m_segment, p.out.dtype,
                                                  p.out.row_stride, p.accumulate);
+  product.tiles = detail::tgmm_tiles(product, options, p.groups);
 
   const detail::Side lhs = detail::tgmm_side(p.lhs, p.quantize_lhs, p.m);
   const detail::Side rhs = detail::tgmm_side(p.rhs, p.quantize_rhs, p.m);
