@@ -254,7 +254,9 @@ TEST(V2Kernels, StoreRowMatchesScalar) {
       }
     }
   }
-  if (kernels::isa_supported(Isa::avx512f)) EXPECT_GT(checked, 0);
+  if (kernels::isa_supported(Isa::avx512f)) {
+    EXPECT_GT(checked, 0);
+  }
 }
 
 // Each micro-kernel computes c (= / +=) (A B) * row_scale * col_scale; with small integers
