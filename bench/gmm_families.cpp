@@ -1,6 +1,7 @@
 // The gmm kernel families through the public API: v1, v2, and the hybrid and auto plans.
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <string>
 
 #include "harness.hpp"
@@ -14,8 +15,14 @@ struct FamilyColumn {
   gmm::Plan plan;
 };
 
-gmm::PassShape pass_shape(const Case& c, const Workload& w) {
-  return {c.shape->groups, w.routed_rows(), c.shape->k, c.shape->n, is_fp8(c.recipe)};
+// What the auto plan sees of a call: the rows per group owning rows, and the operands as the
+// call multiplies them.
+gmm::PassShape pass_shape(const Workload& w, const PassOperands& ops, const gmm::Options& o) {
+  std::int64_t owning = 0;
+  for (std::int32_t size : w.group_sizes()) owning += size > 0 ? 1 : 0;
+  return {owning, w.routed_rows(),
+          gmm::arithmetic_of(ops.lhs->dtype, o.quantize_lhs.has_value(), ops.rhs->dtype,
+                             o.quantize_rhs.has_value())};
 }
 
 std::string describe(const gmm::CallTrace& trace) {
@@ -27,7 +34,6 @@ void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan) {
   Workload& w = workload(*c.shape);
   gmm::CallTrace trace;
   gmm::Options options;
-  options.family = plan.family(c.pass, pass_shape(c, w));
   options.threads = run_config().threads;
   options.trace = &trace;
   const Shape& s = *c.shape;
@@ -39,6 +45,7 @@ void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan) {
         options.quantize_lhs = activation_quantization(c.recipe, s.m);
         options.quantize_rhs = activation_quantization(c.recipe, s.m);
       }
+      options.family = plan.family(c.pass, pass_shape(w, ops, options));
       time = time_calls(state, w, [&] {
         gmm::tgmm(ops.lhs->matrix(), ops.rhs->matrix(), w.group_sizes(), ops.out->out_grouped(),
                   options);
@@ -49,6 +56,7 @@ void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan) {
         options.quantize_lhs = activation_quantization(c.recipe, ops.lhs->cols);
       }
       options.transpose_rhs = c.pass == Pass::dlhs;
+      options.family = plan.family(c.pass, pass_shape(w, ops, options));
       time = time_calls(state, w, [&] {
         gmm::gmm(ops.lhs->matrix(), ops.rhs->grouped(), w.group_sizes(), ops.out->out(), options);
       });

@@ -85,6 +85,13 @@ inline std::int64_t local_rows(const GroupRows& rows) {
   return total;
 }
 
+// The shape the auto plan sees for a pass over the rows of local groups.
+inline PassShape pass_shape(const GroupRows& rows, Arithmetic arithmetic) {
+  std::int64_t owning = 0;
+  for (std::int64_t g = 0; g < rows.count(); ++g) owning += rows.size(g) > 0 ? 1 : 0;
+  return {owning, local_rows(rows), arithmetic};
+}
+
 inline Options pass_call_options(Pass pass, Family family, const ExpertLayer& layer,
                                  const PassOptions& options, CallTrace* trace) {
   Options o;
@@ -186,8 +193,8 @@ inline Saved forward(const ExpertLayer& layer, const OutMatrix& y, const Plan& p
   }
   const GroupedMatrix w = saved.weight();
   const bool quantize_x = recipe.act && !is_quantized(layer.x.dtype);
-  const PassShape shape{layer.w.groups, detail::local_rows(rows), layer.x.cols, layer.w.cols,
-                        quantize_x || is_quantized(layer.x.dtype) || is_quantized(w.dtype)};
+  const PassShape shape =
+      detail::pass_shape(rows, arithmetic_of(layer.x.dtype, quantize_x, w.dtype, false));
   const Family family = plan.family(Pass::fwd, shape);
   PassTrace* trace = detail::start_trace(options, Pass::fwd, family);
   Options o =
@@ -209,7 +216,7 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
   const ExpertLayer& layer = saved.layer;
   const Recipe& recipe = saved.recipe;
   const GroupedMatrix w = saved.weight();
-  const std::int64_t m = layer.x.rows, k = layer.x.cols, n = w.cols;
+  const std::int64_t m = layer.x.rows, n = w.cols;
   require(dy.dtype == DType::f32 || dy.dtype == DType::bf16, where, "dy dtype", "f32 or bf16",
           dy.dtype);
   detail::check_matrix(where, "dy", dy.data, dy.rows, dy.cols, dy.row_stride);
@@ -220,7 +227,6 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
   }
   const GroupRows rows =
       detail::local_group_rows(where, layer.group_sizes, w.groups, layer.group_offset, m);
-  const std::int64_t owned = detail::local_rows(rows);
 
   // dlhs: dx = Q_g(dy) @ Q_w(w)^T, with per-channel weight scales folded into dy.
   const bool run_dlhs = grads.dx.data != nullptr;
@@ -233,8 +239,9 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
     dlhs_lhs = view(folded.data(), m, n);
     dlhs_rhs.scales = {&detail::unit_scale, {w.groups, w.rows, w.cols}};
   }
-  const PassShape dlhs_shape{w.groups, owned, k, n, recipe.grad || is_quantized(w.dtype)};
-  const Family dlhs_family = plan.family(Pass::dlhs, dlhs_shape);
+  const Family dlhs_family = plan.family(
+      Pass::dlhs, detail::pass_shape(rows, arithmetic_of(dlhs_lhs.dtype, recipe.grad.has_value(),
+                                                         dlhs_rhs.dtype, false)));
   Options dlhs = detail::pass_call_options(Pass::dlhs, dlhs_family, layer, options, nullptr);
   dlhs.transpose_rhs = true;
   if (recipe.grad) {
@@ -245,9 +252,9 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
   // drhs: dw = Q_a(x)^T @ Q_g(dy), both quantized in the call with blocks along M.
   const bool run_drhs = grads.dw.data != nullptr;
   const bool quantize_x = recipe.act && !is_quantized(layer.x.dtype);
-  const PassShape drhs_shape{w.groups, owned, k, n,
-                             quantize_x || recipe.grad || is_quantized(layer.x.dtype)};
-  const Family drhs_family = plan.family(Pass::drhs, drhs_shape);
+  const Family drhs_family = plan.family(
+      Pass::drhs, detail::pass_shape(rows, arithmetic_of(layer.x.dtype, quantize_x, dy.dtype,
+                                                         recipe.grad.has_value())));
   Options drhs = detail::pass_call_options(Pass::drhs, drhs_family, layer, options, nullptr);
   drhs.accumulate = grads.accumulate_dw;
   if (quantize_x) drhs.quantize_lhs = detail::quant_spec(*recipe.act, recipe.drhs_block_m);

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "gmm/core/dtype.hpp"
 #include "gmm/core/error.hpp"
 #include "gmm/core/options.hpp"
 
@@ -24,27 +25,68 @@ constexpr std::string_view name(Pass p) {
   return p == Pass::fwd ? "fwd" : p == Pass::dlhs ? "dlhs" : "drhs";
 }
 
-// What the auto plan looks at to pick a family for one pass. `k` and `n` are the layer's
-// (x [rows, k], w [groups, k, n]) whatever the pass; `rows` counts the rows local groups own.
-struct PassShape {
-  std::int64_t groups = 1;
-  std::int64_t rows = 0;
-  std::int64_t k = 0;
-  std::int64_t n = 0;
-  bool quantized = false;  // the pass multiplies at least one quantized (fp8 / int8) operand
+// What a pass multiplies, as the kernels see it; the families' relative speed depends on it. v1
+// always dequantizes tiles to fp32 and multiplies them with Eigen, while v2 runs its fp32 FMA
+// kernel when an operand enters the product in fp32 and its bf16 kernels (AMX, AVX-512 BF16 dot
+// product, or AVX-512F on widened values) when both operands are exact in bf16.
+enum class Arithmetic : std::uint8_t {
+  fp32,       // an operand enters the product as unquantized f32
+  bf16,       // both operands are unquantized bf16
+  quantized,  // no unquantized f32 operand, and at least one fp8 / int8 operand (quantized by
+              // the caller or in the call)
 };
 
-// The auto plan's rule, with every threshold in this one place. For pass p, v1 runs when the
-// mean number of rows per local group is at most v1_max_rows_per_group[p][quantized] and the
-// layer is at least v1_min_k wide in K and v1_min_n in N; v2 runs otherwise. The defaults never
-// pick v1 (a negative row bound): v2 fuses activation quantization into the kernel and follows
-// group boundaries without padding, so it is not expected to lose anywhere, and no benchmark
-// has yet shown a shape where v1 is faster. The benchmark report (bench/) is the evidence that
-// moves these numbers.
+inline constexpr std::array<Arithmetic, 3> all_arithmetics = {Arithmetic::fp32, Arithmetic::bf16,
+                                                              Arithmetic::quantized};
+
+constexpr std::string_view name(Arithmetic a) {
+  return a == Arithmetic::fp32 ? "fp32" : a == Arithmetic::bf16 ? "bf16" : "quantized";
+}
+
+// The arithmetic of a gmm / tgmm call whose operands have these dtypes, each quantized by the
+// call itself or not (Options::quantize_lhs / quantize_rhs).
+constexpr Arithmetic arithmetic_of(DType lhs, bool quantize_lhs, DType rhs, bool quantize_rhs) {
+  if ((lhs == DType::f32 && !quantize_lhs) || (rhs == DType::f32 && !quantize_rhs)) {
+    return Arithmetic::fp32;
+  }
+  const bool quantized = quantize_lhs || quantize_rhs || is_quantized(lhs) || is_quantized(rhs);
+  return quantized ? Arithmetic::quantized : Arithmetic::bf16;
+}
+
+// What the auto plan looks at to pick a family for one pass: how many rows each group
+// multiplies its [K, N] weight with on average (the weight reuse), and the arithmetic.
+struct PassShape {
+  std::int64_t groups = 1;  // local groups that own at least one row
+  std::int64_t rows = 0;    // rows the local groups own
+  Arithmetic arithmetic = Arithmetic::fp32;
+
+  // Rows per group owning rows (0 when no group does).
+  double rows_per_group() const {
+    return groups > 0 ? static_cast<double>(rows) / static_cast<double>(groups) : 0.0;
+  }
+};
+
+// The auto plan's rule, with every threshold in this one place: v1 runs pass p on arithmetic a
+// when the shape's rows per group is at most v1_max_rows_per_group[p][a], v2 otherwise (a
+// negative bound: never v1).
+//
+// The defaults come from gmm_bench at commit 7aeb4db (docs/performance.md, 2 threads; v1/v2 is
+// the ratio of their GFLOP/s on the same shape and recipe):
+// - fp32 fwd and dlhs: v1 is faster on every shape with at most 64 rows per group: decode (1
+//   row: fwd 1.79, dlhs 3.6), dsv3-up (16: 1.18, 1.18), dsv3-down (16: 1.02, 1.13), skewed (32
+//   mean, Zipf: 1.12, 1.11), gptoss (64: 1.04, 1.13), qwen3-30b (64: 1.02, 1.04); v2 is faster
+//   on mixtral (256: 0.87, 0.92). The bound, 128, sits between. compute-bound (one group of 1024
+//   rows) is the exception the rule leaves to v2 (v1 1.18 there): Eigen's large fp32 GEMM beats
+//   v2's fp32 kernel whatever the grouping, which is the kernel's gap, not the plan's.
+// - fp32 drhs: v2 is faster on seven of eight shapes (v1/v2 0.73 to 0.89), level on
+//   compute-bound (1.05): never v1.
+// - bf16 and quantized (fp8 recipes): v2 is faster on every fwd and dlhs cell (v1/v2 0.16 to
+//   0.81) and on every drhs cell but decode (1 row per group), where the table has v1 ahead in
+//   bf16 (1.20) and fp8-static (1.10) and behind in fp8 and fp8-block (0.95); remeasured with 5
+//   repetitions: 1.05, 0.36, 0.88, 0.86. Never v1.
 struct AutoThresholds {
-  double v1_max_rows_per_group[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
-  std::int64_t v1_min_k = 0;
-  std::int64_t v1_min_n = 0;
+  // [pass (fwd, dlhs, drhs)][arithmetic (fp32, bf16, quantized)]
+  double v1_max_rows_per_group[3][3] = {{128, -1, -1}, {128, -1, -1}, {-1, -1, -1}};
 };
 
 inline constexpr AutoThresholds auto_thresholds{};
@@ -52,13 +94,9 @@ inline constexpr AutoThresholds auto_thresholds{};
 // The family the auto plan runs `pass` with on `shape` (a rule on the shape, not a timing run).
 inline Family auto_family(Pass pass, const PassShape& shape,
                           const AutoThresholds& thresholds = auto_thresholds) {
-  const double rows_per_group =
-      static_cast<double>(shape.rows) / static_cast<double>(shape.groups > 0 ? shape.groups : 1);
   const double bound =
-      thresholds.v1_max_rows_per_group[static_cast<int>(pass)][shape.quantized ? 1 : 0];
-  const bool v1 =
-      rows_per_group <= bound && shape.k >= thresholds.v1_min_k && shape.n >= thresholds.v1_min_n;
-  return v1 ? Family::v1 : Family::v2;
+      thresholds.v1_max_rows_per_group[static_cast<int>(pass)][static_cast<int>(shape.arithmetic)];
+  return shape.rows_per_group() <= bound ? Family::v1 : Family::v2;
 }
 
 // A per-pass choice of kernel family {fwd, dlhs, drhs}; an empty choice means "auto" (picked

@@ -2,7 +2,7 @@
 // forward and both gradients equal the fp64 oracle of the same quantized math (fp32 summation
 // bound), every plan equals every other to fp32 summation error, and fp8 results stay within a
 // derived quantization error bound of the unquantized layer. Built twice: plans v1, v2, hybrid
-// (label equivalence) and all 8 plans (GMM_ALL_PLANS, label slow).
+// and auto (label equivalence), and all 8 fixed plans and auto (GMM_ALL_PLANS, label slow).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,9 +50,10 @@ std::vector<Plan> plans_under_test() {
       for (Family drhs : {Family::v1, Family::v2}) plans.push_back({fwd, dlhs, drhs});
     }
   }
+  plans.push_back(Plan::automatic());
   return plans;
 #else
-  return {Plan::v1(), Plan::v2(), Plan::hybrid()};
+  return {Plan::v1(), Plan::v2(), Plan::hybrid(), Plan::automatic()};
 #endif
 }
 

@@ -269,18 +269,23 @@ inline ::testing::AssertionResult matches_oracle(const LayerExact& e, const Laye
 // Checks that each pass ran on the family `plan` names for it (as the kernel itself reports:
 // MaxText once let v2 silently overwrite v1's dlhs) and that every operand `recipe` quantizes
 // entered the kernel quantized, with the recipe's qtype and scale block (MaxText once ran
-// unquantized on an empty rule). x and w are unquantized f32 / bf16 (`io`).
+// unquantized on an empty rule). x, w and dy are unquantized f32 / bf16 (`io`).
 inline void expect_trace(const Trace& trace, const Plan& plan, const Recipe& recipe,
                          const LayerValues& v, DType io) {
   const std::int64_t m = v.m, k = v.k, n = v.n, groups = v.groups;
-  std::int64_t owned = 0;
-  for (std::int64_t g = 0; g < groups; ++g) owned += v.group_size(g);
+  std::int64_t owned = 0, owning = 0;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    owned += v.group_size(g);
+    owning += v.group_size(g) > 0 ? 1 : 0;
+  }
+  // An operand without a rule enters the call unquantized, as `plain`.
   auto expect_operand = [&](const OperandTrace& o, const std::optional<QuantRule>& rule,
-                            BlockShape block, Family family, bool in_call, const char* what) {
+                            DType plain, BlockShape block, Family family, bool in_call,
+                            const char* what) {
     SCOPED_TRACE(what);
     EXPECT_EQ(o.quantized, rule.has_value());
     if (!rule) {
-      EXPECT_EQ(o.dtype, io);
+      EXPECT_EQ(o.dtype, plain);
       EXPECT_EQ(o.quantized_by, "");
       return;
     }
@@ -293,45 +298,52 @@ inline void expect_trace(const Trace& trace, const Plan& plan, const Recipe& rec
   auto fixed = [](const std::optional<QuantRule>& r) {
     return r && r->calibration.method == Calibration::Method::fixed;
   };
+  const bool per_channel = recipe.weight && n > 1 &&
+                           (recipe.weight_scale == WeightScale::per_channel ||
+                            recipe.weight_scale == WeightScale::per_channel_shared);
+  // dy as dlhs multiplies it: with the weights' per-channel scales folded in, in f32.
+  const DType dlhs_dy = per_channel ? DType::f32 : io;
   for (Pass pass : all_passes) {
     SCOPED_TRACE(name(pass));
     ASSERT_TRUE(trace.ran(pass));
     const PassTrace& t = trace.at(pass);
     EXPECT_EQ(t.pass, pass);
-    // The family the kernel reports having run is the one the plan names for this pass.
-    const bool quantized = pass == Pass::fwd    ? recipe.act || recipe.weight
-                           : pass == Pass::dlhs ? recipe.grad || recipe.weight
-                                                : recipe.act || recipe.grad;
-    const Family expected = plan.family(pass, PassShape{groups, owned, k, n, quantized});
+    // The family the kernel reports having run is the one the plan names for this pass. Its
+    // arithmetic (gmm::Arithmetic) is fp32 when an operand enters the call as unquantized f32.
+    const std::optional<QuantRule>& lhs_rule = pass == Pass::dlhs ? recipe.grad : recipe.act;
+    const std::optional<QuantRule>& rhs_rule = pass == Pass::drhs ? recipe.grad : recipe.weight;
+    const bool f32_lhs = !lhs_rule && (pass == Pass::dlhs ? dlhs_dy : io) == DType::f32;
+    const bool f32_rhs = !rhs_rule && io == DType::f32;
+    const Arithmetic arithmetic = f32_lhs || f32_rhs     ? Arithmetic::fp32
+                                  : lhs_rule || rhs_rule ? Arithmetic::quantized
+                                                         : Arithmetic::bf16;
+    const Family expected = plan.family(pass, PassShape{owning, owned, arithmetic});
     EXPECT_EQ(t.call.family, expected) << "plan " << plan.to_string();
     EXPECT_EQ(t.planned, expected);
     EXPECT_EQ(t.call.op, pass == Pass::drhs ? "tgmm" : "gmm");
     EXPECT_GE(t.call.threads, 1);
     const Family f = t.call.family;
     const BlockShape wb = recipe.weight_block(groups, k, n);
-    const bool per_channel = recipe.weight && n > 1 &&
-                             (recipe.weight_scale == WeightScale::per_channel ||
-                              recipe.weight_scale == WeightScale::per_channel_shared);
     const std::int64_t block_m = whole_or(recipe.drhs_block_m, m);
     if (pass == Pass::fwd) {
-      expect_operand(t.call.lhs, recipe.act,
+      expect_operand(t.call.lhs, recipe.act, io,
                      fixed(recipe.act) ? BlockShape{1, m, k}
                                        : BlockShape{1, 1, whole_or(recipe.act_block_k, k)},
                      f, true, "lhs x");
-      expect_operand(t.call.rhs, recipe.weight, wb, f, false, "rhs w");
+      expect_operand(t.call.rhs, recipe.weight, io, wb, f, false, "rhs w");
       EXPECT_EQ(t.folded, "");
     } else if (pass == Pass::dlhs) {
-      expect_operand(t.call.lhs, recipe.grad,
+      expect_operand(t.call.lhs, recipe.grad, dlhs_dy,
                      BlockShape{1, 1, recipe.weight && !per_channel ? wb.cols : n}, f, true,
                      "lhs dy");
-      expect_operand(t.call.rhs, recipe.weight, per_channel ? BlockShape{groups, k, n} : wb, f,
+      expect_operand(t.call.rhs, recipe.weight, io, per_channel ? BlockShape{groups, k, n} : wb, f,
                      false, "rhs w");
       EXPECT_EQ(t.folded.empty(), !per_channel);
     } else {
-      expect_operand(t.call.lhs, recipe.act,
+      expect_operand(t.call.lhs, recipe.act, io,
                      fixed(recipe.act) ? BlockShape{1, m, k} : BlockShape{1, block_m, 1}, f, true,
                      "lhs x");
-      expect_operand(t.call.rhs, recipe.grad, BlockShape{1, block_m, 1}, f, true, "rhs dy");
+      expect_operand(t.call.rhs, recipe.grad, io, BlockShape{1, block_m, 1}, f, true, "rhs dy");
       EXPECT_EQ(t.folded, "");
     }
   }

@@ -1,9 +1,12 @@
 // gmm::forward / gmm::backward: plan routing (per the kernels' own traces), recipes that must
 // quantize, pre-quantized operands, input errors (nothing written), options.
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -25,7 +28,16 @@ struct SmallLayer {
   std::int64_t offset = 1;
   OwnedMatrix x, w, dy;
 
-  explicit SmallLayer(std::uint64_t seed, DType io = DType::f32) {
+  explicit SmallLayer(std::uint64_t seed, DType io = DType::f32) { fill(seed, io); }
+  // Every expert local and every row routed: group g owns local_sizes[g] rows.
+  SmallLayer(std::uint64_t seed, DType io, std::vector<std::int32_t> local_sizes)
+      : m(std::accumulate(local_sizes.begin(), local_sizes.end(), std::int64_t{0})),
+        groups(static_cast<std::int64_t>(local_sizes.size())),
+        sizes(std::move(local_sizes)),
+        offset(0) {
+    fill(seed, io);
+  }
+  void fill(std::uint64_t seed, DType io) {
     Rng rng(seed);
     x = random_matrix(rng, io, m, k, {0, 0, 0}, 2);
     w = random_grouped(rng, io, groups, k, n, {0, 0, 0}, 1, 3);
@@ -103,6 +115,72 @@ TEST(PlanRouting, DlhsOutputIsTheNamedFamilysOwn) {
     o.group_offset = s.offset;
     gmm::gmm(s.dy.view(), s.w.grouped_view(), s.sizes, direct.view(), o);
     EXPECT_TRUE(same_bits(out.dx, direct));
+  }
+}
+
+// The auto plan through the layer: each pass runs, per the kernel's own trace, the family
+// auto_family names for the shape and arithmetic the layer presents, and the results match the
+// oracle. Where the documented rule picks v1 (fp32 arithmetic, few rows per group: the small
+// layer has 71 rows in 2 of its 3 local groups) v1 is what ran; bf16 and fp8 passes run v2.
+TEST(PlanRouting, AutoRunsWhatItsRuleNamesForEachPass) {
+  constexpr Arithmetic f32 = Arithmetic::fp32, bf16 = Arithmetic::bf16, q = Arithmetic::quantized;
+  struct Setting {
+    const char* what;
+    DType io;
+    Recipe recipe;
+    Arithmetic arithmetic[3];  // fwd, dlhs, drhs
+  };
+  const Setting settings[] = {
+      {"f32, no quantization", DType::f32, Recipe::none(), {f32, f32, f32}},
+      {"bf16, no quantization", DType::bf16, Recipe::none(), {bf16, bf16, bf16}},
+      {"f32, fp8_full", DType::f32, Recipe::fp8_full(), {q, q, q}},
+      {"f32, fp8 weights only", DType::f32, only(kE4m3, {}, {}), {f32, f32, f32}},
+      // dlhs multiplies dy with the per-channel weight scales folded into it, in f32.
+      {"bf16, fp8 weights only", DType::bf16, only(kE4m3, {}, {}), {q, f32, bf16}},
+  };
+  for (const Setting& setting : settings) {
+    SCOPED_TRACE(setting.what);
+    const SmallLayer s(15, setting.io);
+    const LayerOutputs before = make_layer_outputs(s.values(), setting.io, kSentinel);
+    LayerOutputs out = before;
+    const Trace trace = run_step(s, out, Plan::automatic(), setting.recipe);
+    expect_trace(trace, Plan::automatic(), setting.recipe, s.values(), setting.io);
+    EXPECT_TRUE(matches_oracle(layer_oracle(s.values(), setting.recipe), s.values(), before, out));
+    for (Pass pass : all_passes) {
+      SCOPED_TRACE(name(pass));
+      const Arithmetic arithmetic = setting.arithmetic[static_cast<int>(pass)];
+      const Family ran = trace.at(pass).call.family;
+      EXPECT_EQ(ran, auto_family(pass, PassShape{2, 71, arithmetic}));
+      if (arithmetic != Arithmetic::fp32) {
+        EXPECT_EQ(ran, Family::v2);
+      } else if (pass != Pass::drhs) {
+        EXPECT_EQ(ran, Family::v1);
+      }
+    }
+  }
+}
+
+// Groups that own no rows do not dilute rows per group (compute-bound's pattern: one expert
+// gets every row): one group of bound + 1 rows runs fp32 fwd on v2, the same rows spread over
+// four groups run it on v1.
+TEST(PlanRouting, AutoCountsOnlyGroupsThatOwnRows) {
+  const double bound =
+      auto_thresholds
+          .v1_max_rows_per_group[static_cast<int>(Pass::fwd)][static_cast<int>(Arithmetic::fp32)];
+  ASSERT_GE(bound, 1.0) << "the documented rule runs fp32 fwd with few rows per group on v1";
+  const auto rows = static_cast<std::int32_t>(bound) + 1;
+  const std::int32_t quarter = rows / 4;
+  const std::vector<std::int32_t> one_group = {0, rows, 0, 0};
+  const std::vector<std::int32_t> spread = {rows - 3 * quarter, quarter, quarter, quarter};
+  for (const auto& [sizes, expected] : {std::pair{one_group, Family::v2}, {spread, Family::v1}}) {
+    SCOPED_TRACE(fmt::format("group sizes {}", fmt::join(sizes, ",")));
+    const SmallLayer s(16, DType::f32, sizes);
+    const LayerOutputs before = make_layer_outputs(s.values(), DType::f32, kSentinel);
+    LayerOutputs out = before;
+    const Trace trace = run_step(s, out, Plan::automatic(), Recipe::none());
+    EXPECT_EQ(trace.at(Pass::fwd).call.family, expected);
+    expect_trace(trace, Plan::automatic(), Recipe::none(), s.values(), DType::f32);
+    EXPECT_TRUE(matches_oracle(layer_oracle(s.values(), Recipe::none()), s.values(), before, out));
   }
 }
 

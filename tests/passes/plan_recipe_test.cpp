@@ -76,53 +76,123 @@ TEST(PlanParse, RejectsAnythingElseNamingTheInput) {
   }
 }
 
-TEST(PlanAuto, DefaultRulePicksV2ForEveryPassAndShape) {
-  const PassShape shapes[] = {
-      {8, 8, 4096, 4096, false},      // decode: one row per expert
-      {256, 4096, 7168, 1024, true},  // dsv3-up: 16 rows per expert
-      {8, 4096, 4096, 4096, false},   // compute-bound
-      {64, 8192, 2048, 1408, true},   // skewed
-      {4, 0, 64, 64, true},           // no rows at all
-  };
-  for (const PassShape& shape : shapes) {
-    for (Pass pass : all_passes) {
-      EXPECT_EQ(auto_family(pass, shape), Family::v2);
-      EXPECT_EQ(Plan::automatic().family(pass, shape), Family::v2);
+TEST(Arithmetic, AnUnquantizedF32OperandMakesThePassFp32) {
+  constexpr DType f32 = DType::f32, bf16 = DType::bf16, e4m3 = DType::float8_e4m3fn;
+  EXPECT_EQ(arithmetic_of(f32, false, f32, false), Arithmetic::fp32);
+  EXPECT_EQ(arithmetic_of(bf16, false, f32, false), Arithmetic::fp32);
+  EXPECT_EQ(arithmetic_of(f32, false, e4m3, false), Arithmetic::fp32);  // weight-only fp8
+  EXPECT_EQ(arithmetic_of(bf16, true, f32, false), Arithmetic::fp32);
+  EXPECT_EQ(arithmetic_of(f32, true, e4m3, false), Arithmetic::quantized);
+  EXPECT_EQ(arithmetic_of(f32, true, f32, true), Arithmetic::quantized);  // drhs, both in call
+  EXPECT_EQ(arithmetic_of(bf16, false, DType::int8, false), Arithmetic::quantized);
+  EXPECT_EQ(arithmetic_of(e4m3, false, DType::float8_e5m2, false), Arithmetic::quantized);
+  EXPECT_EQ(arithmetic_of(bf16, false, bf16, false), Arithmetic::bf16);
+}
+
+// Rows per group the rule is probed at: none, decode (1), the benchmark shapes' 16 to 1024,
+// and far beyond.
+const std::int64_t kRowsPerGroup[] = {0,   1,   2,   8,   16,   32,   64,     100,
+                                      127, 128, 129, 256, 1024, 4096, 1 << 20};
+
+PassShape shape_of(std::int64_t groups, std::int64_t rows_per_group, Arithmetic arithmetic) {
+  return {groups, groups * rows_per_group, arithmetic};
+}
+
+// The documented rule: v2's bf16 kernels beat v1 (fp32 Eigen tiles) on every measured bf16 and
+// fp8 cell of every pass but one level cell, so auto never picks v1 for them.
+TEST(PlanAuto, Bf16AndQuantizedPassesNeverRunV1) {
+  for (Pass pass : all_passes) {
+    for (Arithmetic arithmetic : {Arithmetic::bf16, Arithmetic::quantized}) {
+      for (std::int64_t groups : {1, 8, 256}) {
+        for (std::int64_t rows : kRowsPerGroup) {
+          const PassShape shape = shape_of(groups, rows, arithmetic);
+          EXPECT_EQ(auto_family(pass, shape), Family::v2)
+              << name(pass) << " " << name(arithmetic) << " " << groups << " x " << rows;
+          EXPECT_EQ(Plan::automatic().family(pass, shape), Family::v2);
+        }
+      }
     }
   }
 }
 
-TEST(PlanAuto, ThresholdsSelectV1PerPassQuantizationAndShape) {
+// The documented rule in fp32: v1 for fwd and dlhs on shapes with few rows per group (decode,
+// dsv3-up, skewed, gptoss: 1 to 64 rows, where Eigen's fp32 tiles beat v2 in the benchmarks),
+// v2 for the many-rows shapes (mixtral 256, compute-bound 1024) and for every drhs.
+TEST(PlanAuto, Fp32FwdAndDlhsRunV1OnFewRowsPerGroup) {
+  struct Named {
+    const char* name;
+    std::int64_t groups, rows_per_group;
+  };
+  const Named few[] = {
+      {"decode", 8, 1}, {"dsv3-up", 256, 16}, {"skewed", 64, 32}, {"gptoss", 128, 64}};
+  const Named many[] = {{"mixtral", 8, 256}, {"compute-bound", 1, 1024}};
+  for (Pass pass : all_passes) {
+    for (const Named& s : few) {
+      const Family expected = pass == Pass::drhs ? Family::v2 : Family::v1;
+      EXPECT_EQ(auto_family(pass, shape_of(s.groups, s.rows_per_group, Arithmetic::fp32)), expected)
+          << name(pass) << " " << s.name;
+    }
+    for (const Named& s : many) {
+      EXPECT_EQ(auto_family(pass, shape_of(s.groups, s.rows_per_group, Arithmetic::fp32)),
+                Family::v2)
+          << name(pass) << " " << s.name;
+    }
+  }
+}
+
+// For every pass and arithmetic, the choice depends on rows per group only, and once v2 wins
+// at some rows per group it wins at every larger one (v1's edge is few rows per weight).
+TEST(PlanAuto, TheRuleIsABoundOnRowsPerGroup) {
+  for (Pass pass : all_passes) {
+    for (Arithmetic arithmetic : all_arithmetics) {
+      bool seen_v2 = false;
+      for (std::int64_t rows : kRowsPerGroup) {
+        SCOPED_TRACE(fmt::format("{} {} {} rows per group", pass, name(arithmetic), rows));
+        const Family family = auto_family(pass, shape_of(8, rows, arithmetic));
+        EXPECT_EQ(auto_family(pass, shape_of(1, rows, arithmetic)), family);
+        EXPECT_EQ(auto_family(pass, shape_of(512, rows, arithmetic)), family);
+        EXPECT_FALSE(seen_v2 && family == Family::v1);
+        seen_v2 = seen_v2 || family == Family::v2;
+      }
+      EXPECT_TRUE(seen_v2) << name(pass) << " " << name(arithmetic) << ": v2 on large shapes";
+    }
+  }
+}
+
+TEST(PlanAuto, TheBoundIsInclusiveAndPerPassAndArithmetic) {
   AutoThresholds t;
-  t.v1_max_rows_per_group[static_cast<int>(Pass::dlhs)][1] = 32;
-  t.v1_min_k = 1024;
-  t.v1_min_n = 512;
-  const PassShape few_rows{256, 4096, 2048, 1024, true};  // 16 rows per group
-  EXPECT_EQ(auto_family(Pass::dlhs, few_rows, t), Family::v1);
-  EXPECT_EQ(auto_family(Pass::fwd, few_rows, t), Family::v2);
-  EXPECT_EQ(auto_family(Pass::drhs, few_rows, t), Family::v2);
-  PassShape s = few_rows;
-  s.quantized = false;
-  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
-  s = few_rows;
-  s.rows = 256 * 33;
-  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
-  s.rows = 256 * 32;
-  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v1);
-  s = few_rows;
-  s.k = 1023;
-  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
-  s = few_rows;
-  s.n = 511;
-  EXPECT_EQ(auto_family(Pass::dlhs, s, t), Family::v2);
+  for (auto& per_pass : t.v1_max_rows_per_group) {
+    for (double& bound : per_pass) bound = -1;
+  }
+  t.v1_max_rows_per_group[static_cast<int>(Pass::dlhs)][static_cast<int>(Arithmetic::bf16)] = 32;
+  const PassShape at_bound{8, 8 * 32, Arithmetic::bf16};
+  EXPECT_EQ(auto_family(Pass::dlhs, at_bound, t), Family::v1);
+  EXPECT_EQ(auto_family(Pass::dlhs, {8, 8 * 32 + 1, Arithmetic::bf16}, t), Family::v2);
+  EXPECT_EQ(auto_family(Pass::dlhs, {3, 95, Arithmetic::bf16}, t), Family::v1);  // 31.7
+  EXPECT_EQ(auto_family(Pass::dlhs, {3, 97, Arithmetic::bf16}, t), Family::v2);  // 32.3
+  for (Pass pass : all_passes) {
+    for (Arithmetic arithmetic : all_arithmetics) {
+      if (pass == Pass::dlhs && arithmetic == Arithmetic::bf16) continue;
+      PassShape s = at_bound;
+      s.arithmetic = arithmetic;
+      EXPECT_EQ(auto_family(pass, s, t), Family::v2) << name(pass) << " " << name(arithmetic);
+      // A negative bound means never v1, even with no rows at all.
+      EXPECT_EQ(auto_family(pass, {4, 0, arithmetic}, t), Family::v2);
+      EXPECT_EQ(auto_family(pass, {0, 0, arithmetic}, t), Family::v2);
+    }
+  }
 }
 
 TEST(PlanAuto, FixedChoicesIgnoreTheShape) {
-  const Plan plan = Plan::parse("v1,auto,v1");
-  const PassShape shape{4, 100, 64, 64, true};
-  EXPECT_EQ(plan.family(Pass::fwd, shape), Family::v1);
-  EXPECT_EQ(plan.family(Pass::dlhs, shape), auto_family(Pass::dlhs, shape));
-  EXPECT_EQ(plan.family(Pass::drhs, shape), Family::v1);
+  const Plan plan = Plan::parse("v2,auto,v1");
+  for (Arithmetic arithmetic : all_arithmetics) {
+    for (std::int64_t rows : kRowsPerGroup) {
+      const PassShape shape = shape_of(4, rows, arithmetic);
+      EXPECT_EQ(plan.family(Pass::fwd, shape), Family::v2);
+      EXPECT_EQ(plan.family(Pass::dlhs, shape), auto_family(Pass::dlhs, shape));
+      EXPECT_EQ(plan.family(Pass::drhs, shape), Family::v1);
+    }
+  }
 }
 
 TEST(RecipePresets, NoneQuantizesNothing) {
