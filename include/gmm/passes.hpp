@@ -37,6 +37,9 @@ struct PassOptions {
   Isa isa = Isa::automatic;      // forced micro-kernel ISA of v2 passes (v1 has no choice)
   std::array<Tiles, 3> tiles{};  // per pass (fwd, dlhs, drhs); zeros: the family's defaults
   Trace* trace = nullptr;        // filled when non-null
+  // The auto plan's rule (how a plan's auto passes choose); the default is calibrated on this
+  // project's benchmarks.
+  AutoThresholds auto_rule = auto_thresholds;
 };
 
 // What forward keeps for backward: the layer's views, the recipe (backward must quantize as
@@ -195,7 +198,7 @@ inline Saved forward(const ExpertLayer& layer, const OutMatrix& y, const Plan& p
   const bool quantize_x = recipe.act && !is_quantized(layer.x.dtype);
   const PassShape shape =
       detail::pass_shape(rows, arithmetic_of(layer.x.dtype, quantize_x, w.dtype, false));
-  const Family family = plan.family(Pass::fwd, shape);
+  const Family family = plan.family(Pass::fwd, shape, options.auto_rule);
   PassTrace* trace = detail::start_trace(options, Pass::fwd, family);
   Options o =
       detail::pass_call_options(Pass::fwd, family, layer, options, trace ? &trace->call : nullptr);
@@ -239,9 +242,9 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
     dlhs_lhs = view(folded.data(), m, n);
     dlhs_rhs.scales = {&detail::unit_scale, {w.groups, w.rows, w.cols}};
   }
-  const Family dlhs_family = plan.family(
-      Pass::dlhs, detail::pass_shape(rows, arithmetic_of(dlhs_lhs.dtype, recipe.grad.has_value(),
-                                                         dlhs_rhs.dtype, false)));
+  const PassShape dlhs_shape = detail::pass_shape(
+      rows, arithmetic_of(dlhs_lhs.dtype, recipe.grad.has_value(), dlhs_rhs.dtype, false));
+  const Family dlhs_family = plan.family(Pass::dlhs, dlhs_shape, options.auto_rule);
   Options dlhs = detail::pass_call_options(Pass::dlhs, dlhs_family, layer, options, nullptr);
   dlhs.transpose_rhs = true;
   if (recipe.grad) {
@@ -252,9 +255,9 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
   // drhs: dw = Q_a(x)^T @ Q_g(dy), both quantized in the call with blocks along M.
   const bool run_drhs = grads.dw.data != nullptr;
   const bool quantize_x = recipe.act && !is_quantized(layer.x.dtype);
-  const Family drhs_family = plan.family(
-      Pass::drhs, detail::pass_shape(rows, arithmetic_of(layer.x.dtype, quantize_x, dy.dtype,
-                                                         recipe.grad.has_value())));
+  const PassShape drhs_shape = detail::pass_shape(
+      rows, arithmetic_of(layer.x.dtype, quantize_x, dy.dtype, recipe.grad.has_value()));
+  const Family drhs_family = plan.family(Pass::drhs, drhs_shape, options.auto_rule);
   Options drhs = detail::pass_call_options(Pass::drhs, drhs_family, layer, options, nullptr);
   drhs.accumulate = grads.accumulate_dw;
   if (quantize_x) drhs.quantize_lhs = detail::quant_spec(*recipe.act, recipe.drhs_block_m);

@@ -12,6 +12,7 @@
 #include "gmm/core/dtype.hpp"
 #include "gmm/core/error.hpp"
 #include "gmm/core/options.hpp"
+#include "gmm/v1/isa.hpp"
 
 namespace gmm {
 
@@ -67,8 +68,8 @@ struct PassShape {
 };
 
 // The auto plan's rule, with every threshold in this one place: v1 runs pass p on arithmetic a
-// when the shape's rows per group is at most v1_max_rows_per_group[p][a], v2 otherwise (a
-// negative bound: never v1).
+// when the shape's rows per group is at most v1_max_rows_per_group[p][a] and v1 was compiled
+// for at least v1_min_isa; v2 otherwise (a negative bound: never v1).
 //
 // The defaults come from gmm_bench at commit 7aeb4db (docs/performance.md, 2 threads; v1/v2 is
 // the ratio of their GFLOP/s on the same shape and recipe):
@@ -84,19 +85,28 @@ struct PassShape {
 //   0.81) and on every drhs cell but decode (1 row per group), where the table has v1 ahead in
 //   bf16 (1.20) and fp8-static (1.10) and behind in fp8 and fp8-block (0.95); remeasured with 5
 //   repetitions: 1.05, 0.36, 0.88, 0.86. Never v1.
+// - v1_min_isa: the bounds hold for v1 compiled with AVX-512 (gmm_bench is built with
+//   -march=native); v2 picks its AVX-512 kernels at run time whatever the flags. Built without
+//   -march (Eigen with SSE2), v1/v2 in fp32 was 0.58 / 0.59 (fwd / dlhs) on dsv3-up and 0.57 /
+//   0.51 on skewed, but 1.22 / 4.7 on decode (one run on a loaded machine, commit 7554c87): v1
+//   is not safe there, so auto keeps to v2 (decode aside, the safe side).
 struct AutoThresholds {
   // [pass (fwd, dlhs, drhs)][arithmetic (fp32, bf16, quantized)]
   double v1_max_rows_per_group[3][3] = {{128, -1, -1}, {128, -1, -1}, {-1, -1, -1}};
+  Isa v1_min_isa = Isa::avx512f;
 };
 
 inline constexpr AutoThresholds auto_thresholds{};
 
-// The family the auto plan runs `pass` with on `shape` (a rule on the shape, not a timing run).
+// The family the auto plan runs `pass` with on `shape` (a rule on the shape, not a timing run),
+// given the ISA v1 was compiled for (Isa order: scalar < avx2 < avx512f).
 inline Family auto_family(Pass pass, const PassShape& shape,
-                          const AutoThresholds& thresholds = auto_thresholds) {
+                          const AutoThresholds& thresholds = auto_thresholds,
+                          Isa v1_isa = v1::compiled_isa()) {
   const double bound =
       thresholds.v1_max_rows_per_group[static_cast<int>(pass)][static_cast<int>(shape.arithmetic)];
-  return shape.rows_per_group() <= bound ? Family::v1 : Family::v2;
+  const bool v1_vectorized = static_cast<int>(v1_isa) >= static_cast<int>(thresholds.v1_min_isa);
+  return v1_vectorized && shape.rows_per_group() <= bound ? Family::v1 : Family::v2;
 }
 
 // A per-pass choice of kernel family {fwd, dlhs, drhs}; an empty choice means "auto" (picked
@@ -126,10 +136,11 @@ struct Plan {
     return pass == Pass::fwd ? fwd : pass == Pass::dlhs ? dlhs : drhs;
   }
 
-  // The family that runs `pass` on `shape`.
-  Family family(Pass pass, const PassShape& shape) const {
+  // The family that runs `pass` on `shape`; `rule` decides an auto choice.
+  Family family(Pass pass, const PassShape& shape,
+                const AutoThresholds& rule = auto_thresholds) const {
     const std::optional<Family> chosen = choice(pass);
-    return chosen ? *chosen : auto_family(pass, shape);
+    return chosen ? *chosen : auto_family(pass, shape, rule);
   }
 
   static Plan parse(std::string_view text) {

@@ -266,12 +266,22 @@ inline ::testing::AssertionResult matches_oracle(const LayerExact& e, const Laye
   return ::testing::AssertionSuccess();
 }
 
+// The default auto rule's bounds with v1 allowed whatever Eigen was compiled for, so that auto
+// passes run on v1 where the bounds say so in test builds without AVX-512 flags.
+inline AutoThresholds auto_bounds_on_any_build() {
+  AutoThresholds rule = auto_thresholds;
+  rule.v1_min_isa = Isa::scalar;
+  return rule;
+}
+
 // Checks that each pass ran on the family `plan` names for it (as the kernel itself reports:
 // MaxText once let v2 silently overwrite v1's dlhs) and that every operand `recipe` quantizes
 // entered the kernel quantized, with the recipe's qtype and scale block (MaxText once ran
-// unquantized on an empty rule). x, w and dy are unquantized f32 / bf16 (`io`).
+// unquantized on an empty rule). x, w and dy are unquantized f32 / bf16 (`io`); `auto_rule` is
+// the rule the passes ran auto choices with.
 inline void expect_trace(const Trace& trace, const Plan& plan, const Recipe& recipe,
-                         const LayerValues& v, DType io) {
+                         const LayerValues& v, DType io,
+                         const AutoThresholds& auto_rule = auto_thresholds) {
   const std::int64_t m = v.m, k = v.k, n = v.n, groups = v.groups;
   std::int64_t owned = 0, owning = 0;
   for (std::int64_t g = 0; g < groups; ++g) {
@@ -317,7 +327,7 @@ inline void expect_trace(const Trace& trace, const Plan& plan, const Recipe& rec
     const Arithmetic arithmetic = f32_lhs || f32_rhs     ? Arithmetic::fp32
                                   : lhs_rule || rhs_rule ? Arithmetic::quantized
                                                          : Arithmetic::bf16;
-    const Family expected = plan.family(pass, PassShape{owning, owned, arithmetic});
+    const Family expected = plan.family(pass, PassShape{owning, owned, arithmetic}, auto_rule);
     EXPECT_EQ(t.call.family, expected) << "plan " << plan.to_string();
     EXPECT_EQ(t.planned, expected);
     EXPECT_EQ(t.call.op, pass == Pass::drhs ? "tgmm" : "gmm");

@@ -120,9 +120,12 @@ TEST(PlanRouting, DlhsOutputIsTheNamedFamilysOwn) {
 
 // The auto plan through the layer: each pass runs, per the kernel's own trace, the family
 // auto_family names for the shape and arithmetic the layer presents, and the results match the
-// oracle. Where the documented rule picks v1 (fp32 arithmetic, few rows per group: the small
-// layer has 71 rows in 2 of its 3 local groups) v1 is what ran; bf16 and fp8 passes run v2.
+// oracle. Where the documented bounds pick v1 (fp32 arithmetic, few rows per group: the small
+// layer has 71 rows in 2 of its 3 local groups) v1 is what ran; bf16 and fp8 passes run v2. The
+// bounds apply whatever v1 was compiled for (test builds have no AVX-512 flags).
 TEST(PlanRouting, AutoRunsWhatItsRuleNamesForEachPass) {
+  PassOptions options;
+  options.auto_rule = auto_bounds_on_any_build();
   constexpr Arithmetic f32 = Arithmetic::fp32, bf16 = Arithmetic::bf16, q = Arithmetic::quantized;
   struct Setting {
     const char* what;
@@ -143,14 +146,15 @@ TEST(PlanRouting, AutoRunsWhatItsRuleNamesForEachPass) {
     const SmallLayer s(15, setting.io);
     const LayerOutputs before = make_layer_outputs(s.values(), setting.io, kSentinel);
     LayerOutputs out = before;
-    const Trace trace = run_step(s, out, Plan::automatic(), setting.recipe);
-    expect_trace(trace, Plan::automatic(), setting.recipe, s.values(), setting.io);
+    const Trace trace = run_step(s, out, Plan::automatic(), setting.recipe, options);
+    expect_trace(trace, Plan::automatic(), setting.recipe, s.values(), setting.io,
+                 options.auto_rule);
     EXPECT_TRUE(matches_oracle(layer_oracle(s.values(), setting.recipe), s.values(), before, out));
     for (Pass pass : all_passes) {
       SCOPED_TRACE(name(pass));
       const Arithmetic arithmetic = setting.arithmetic[static_cast<int>(pass)];
       const Family ran = trace.at(pass).call.family;
-      EXPECT_EQ(ran, auto_family(pass, PassShape{2, 71, arithmetic}));
+      EXPECT_EQ(ran, auto_family(pass, PassShape{2, 71, arithmetic}, options.auto_rule));
       if (arithmetic != Arithmetic::fp32) {
         EXPECT_EQ(ran, Family::v2);
       } else if (pass != Pass::drhs) {
@@ -164,6 +168,8 @@ TEST(PlanRouting, AutoRunsWhatItsRuleNamesForEachPass) {
 // gets every row): one group of bound + 1 rows runs fp32 fwd on v2, the same rows spread over
 // four groups run it on v1.
 TEST(PlanRouting, AutoCountsOnlyGroupsThatOwnRows) {
+  PassOptions options;
+  options.auto_rule = auto_bounds_on_any_build();
   const double bound =
       auto_thresholds
           .v1_max_rows_per_group[static_cast<int>(Pass::fwd)][static_cast<int>(Arithmetic::fp32)];
@@ -177,10 +183,26 @@ TEST(PlanRouting, AutoCountsOnlyGroupsThatOwnRows) {
     const SmallLayer s(16, DType::f32, sizes);
     const LayerOutputs before = make_layer_outputs(s.values(), DType::f32, kSentinel);
     LayerOutputs out = before;
-    const Trace trace = run_step(s, out, Plan::automatic(), Recipe::none());
+    const Trace trace = run_step(s, out, Plan::automatic(), Recipe::none(), options);
     EXPECT_EQ(trace.at(Pass::fwd).call.family, expected);
-    expect_trace(trace, Plan::automatic(), Recipe::none(), s.values(), DType::f32);
+    expect_trace(trace, Plan::automatic(), Recipe::none(), s.values(), DType::f32,
+                 options.auto_rule);
     EXPECT_TRUE(matches_oracle(layer_oracle(s.values(), Recipe::none()), s.values(), before, out));
+  }
+}
+
+// With the default rule, v1 runs an auto pass only when v1 was compiled for AVX-512 (the
+// bounds' measurements); otherwise auto runs v2, even where the bounds would pick v1.
+TEST(PlanRouting, AutoFollowsTheIsaV1WasCompiledFor) {
+  const SmallLayer s(17);
+  LayerOutputs out = make_layer_outputs(s.values(), DType::f32, kSentinel);
+  const Trace trace = run_step(s, out, Plan::automatic(), Recipe::none());
+  const bool v1_avx512 = v1::compiled_isa() == Isa::avx512f;
+  for (Pass pass : all_passes) {
+    SCOPED_TRACE(name(pass));
+    const PassShape shape{2, 71, Arithmetic::fp32};
+    EXPECT_EQ(trace.at(pass).call.family,
+              v1_avx512 ? auto_family(pass, shape, auto_thresholds, Isa::avx512f) : Family::v2);
   }
 }
 

@@ -17,20 +17,9 @@
 #include "gmm/core/parallel.hpp"
 #include "gmm/core/quantize.hpp"
 #include "gmm/core/view.hpp"
+#include "gmm/v1/isa.hpp"
 
 namespace gmm::v1::detail {
-
-// The instruction set Eigen was compiled for: v1 has no runtime dispatch, so this is what runs.
-// Without AVX flags Eigen uses SSE2 at most, reported as scalar.
-constexpr Isa compiled_isa() {
-#if defined(EIGEN_VECTORIZE_AVX512)
-  return Isa::avx512f;
-#elif defined(EIGEN_VECTORIZE_AVX2)
-  return Isa::avx2;
-#else
-  return Isa::scalar;
-#endif
-}
 
 // Default (tm, tk, tn) of each op: an fp32 lhs tile, weight tile and accumulator per thread that
 // fit a 1-2 MiB L2 together.
