@@ -111,6 +111,30 @@ TEST_P(V2Gmm, SameBitsForAnyThreadCount) {
   }
 }
 
+// One group larger than the others' sum: with several threads its row tasks are cut into column
+// ranges (split_tasks); the bits are those of the uncut single-thread run, fp8 and fp32 alike.
+TEST_P(V2Gmm, SameBitsForAnyColumnSplit) {
+  const CaseShape s{"one big group", 150, 96, 160, {0, 150, 0}, 0, 0, {64, 32, 32}};
+  const GmmRecipe fp8{"fp8",
+                      {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 32)},
+                      {DType::float8_e4m3fn, {1, 0, 1}}};
+  const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
+  for (const GmmRecipe& r : {fp8, f32}) {
+    OwnedOutput first;
+    for (int threads : {1, 2, 3}) {
+      Rng rng(406);
+      OwnedOutput got;
+      ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::f32, &got))
+          << r.label << " " << threads << " threads";
+      if (threads == 1) {
+        first = got;
+      } else {
+        EXPECT_TRUE(same_bits(first, got)) << r.label << " " << threads << " threads";
+      }
+    }
+  }
+}
+
 // A NaN in one group's rows stays in those rows (per-row quantization included).
 TEST_P(V2Gmm, NanStaysInItsGroup) {
   for (bool quantize : {false, true}) {

@@ -80,6 +80,26 @@ TEST_P(V2Tgmm, SameBitsForAnyThreadCount) {
   }
 }
 
+// One group only: its few lane tasks are cut into column ranges with several threads
+// (split_tasks), with the bits of the uncut single-thread run.
+TEST_P(V2Tgmm, SameBitsForAnyColumnSplit) {
+  const CaseShape s{"one group", 120, 70, 160, {120}, 0, 0, {32, 32, 32}};
+  const TgmmRecipe r{"fp8",
+                     {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 40)},
+                     {DType::bf16, {}, dynamic(QType::float8_e5m2, 40)}};
+  OwnedOutput first;
+  for (int threads : {1, 2, 3}) {
+    Rng rng(416);
+    OwnedOutput got;
+    ASSERT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::f32, &got));
+    if (threads == 1) {
+      first = got;
+    } else {
+      EXPECT_TRUE(same_bits(first, got)) << threads << " threads";
+    }
+  }
+}
+
 // Many short groups (1 to 33 rows, some empty, a shard after group_offset) whose rows share the
 // quantization blocks along M (whole M and 24 rows: the absmax tables shared by the groups'
 // jobs), K and N not multiples of 32, bf16 and f32 outputs: right against the oracle, and the

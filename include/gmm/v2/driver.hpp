@@ -79,9 +79,9 @@ struct Workspace {
   }
 };
 
-// One unit of parallel work: C rows [a0, a1) of one job, all its columns, whole contraction.
+// One unit of parallel work: C rows [a0, a1) and columns [n0, n1) of one job, whole contraction.
 struct Task {
-  std::int64_t job = 0, a0 = 0, a1 = 0;
+  std::int64_t job = 0, a0 = 0, a1 = 0, n0 = 0, n1 = 0;
 };
 
 // True when an operand enters the product exactly representable in bf16.
@@ -195,7 +195,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   // A task of a few rows streams its weights once: it takes every column at once (whole rows of
   // [K, N] weights are read in order) with a chunk short enough to keep the B block in L2.
   const bool skinny = rows <= p.kit.few_rows;
-  const std::int64_t block_cols = skinny ? p.n : p.tiles.n;
+  const std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
   const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
   const std::int64_t skinny_kc =
       kSkinnyBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
@@ -240,8 +240,8 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   }
 
   if (p.kit.begin != nullptr) p.kit.begin();
-  for (std::int64_t b0 = 0; b0 < p.n; b0 += block_cols) {
-    const std::int64_t cols = std::min(block_cols, p.n - b0), ldc = round_up(cols, f.nr);
+  for (std::int64_t b0 = t.n0; b0 < t.n1; b0 += block_cols) {
+    const std::int64_t cols = std::min(block_cols, t.n1 - b0), ldc = round_up(cols, f.nr);
     ws.c.resize(static_cast<std::size_t>(rows_padded * ldc));
     ws.b_scales.resize(static_cast<std::size_t>(ldc));
     ws.b_packed.resize((ldc / f.nr) *
@@ -320,8 +320,52 @@ inline OperandTrace caller_operand_trace(DType dtype, const Scales& scales) {
   return {dtype, is_quantized(dtype), scales.block, is_quantized(dtype) ? "caller" : ""};
 }
 
-// Computes the absmax tables, splits every job into tasks (independent of the thread count, so
-// results are too) and runs them on `threads` workers. Returns the peak bytes of all buffers.
+// Work of a task in multiply-adds (at least one per output, for empty contractions).
+inline double task_work(const Product& p, const Task& t) {
+  const Job& job = p.jobs[t.job];
+  return static_cast<double>(t.a1 - t.a0) * static_cast<double>(t.n1 - t.n0) *
+         static_cast<double>(std::max<std::int64_t>(1, job.k_end - job.k_begin));
+}
+
+// Tasks at which parallel_for balances the workers' loads well enough.
+constexpr int kTasksPerWorker = 4;
+
+// The tasks of a call: each job's rows cut into blocks of tiles.m, all columns; then, with
+// several workers, a task heavier than 1 / (kTasksPerWorker * threads) of the call's work (one
+// large group, as in the compute-bound shape) is cut into column ranges of whole tiles.n blocks.
+// Results do not depend on the cut: every element of C sums the same contraction chunks in the
+// same order whatever its task's columns.
+inline std::vector<Task> split_tasks(const Product& p, int threads) {
+  std::vector<Task> rows;
+  double total = 0;
+  for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
+    const Job& job = p.jobs[j];
+    for (std::int64_t a = job.a_begin; a < job.a_end; a += p.tiles.m) {
+      rows.push_back({j, a, std::min(job.a_end, a + p.tiles.m), 0, p.n});
+      total += task_work(p, rows.back());
+    }
+  }
+  if (threads <= 1) return rows;
+  const double target = total / (kTasksPerWorker * threads);
+  const std::int64_t column_blocks = (p.n + p.tiles.n - 1) / p.tiles.n;
+  std::vector<Task> tasks;
+  for (const Task& t : rows) {
+    const bool skinny = t.a1 - t.a0 <= p.kit.few_rows;
+    const std::int64_t pieces =
+        skinny ? 1
+               : std::clamp<std::int64_t>(static_cast<std::int64_t>(task_work(p, t) / target),
+                                          1, column_blocks);
+    const std::int64_t blocks_per_piece = (column_blocks + pieces - 1) / pieces;
+    for (std::int64_t b = 0; b < column_blocks; b += blocks_per_piece) {
+      tasks.push_back({t.job, t.a0, t.a1, b * p.tiles.n,
+                       std::min(p.n, (b + blocks_per_piece) * p.tiles.n)});
+    }
+  }
+  return tasks;
+}
+
+// Computes the absmax tables, splits every job into tasks (split_tasks: results do not depend on
+// the thread count) and runs them on `threads` workers. Returns the peak bytes of all buffers.
 inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
   // absmax scales of in-kernel quantization: one table per side and lane range (consecutive jobs
   // on the same lanes of the same source share it), each block a job touches computed once, in
@@ -399,13 +443,7 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
                                    t.lanes, scratch[worker]);
                });
 
-  std::vector<Task> tasks;
-  for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
-    const Job& job = p.jobs[j];
-    for (std::int64_t a = job.a_begin; a < job.a_end; a += p.tiles.m) {
-      tasks.push_back({j, a, std::min(job.a_end, a + p.tiles.m)});
-    }
-  }
+  std::vector<Task> tasks = split_tasks(p, threads);
   const int workers = static_cast<int>(std::max<std::int64_t>(
       1, std::min<std::int64_t>(threads, static_cast<std::int64_t>(tasks.size()))));
   *threads_used = workers;
