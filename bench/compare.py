@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summary of a gmm_bench run: one markdown table per pass, and a PNG chart (gnuplot).
+"""Summary of a gmm_bench run: markdown tables (geometric means, then one per pass), a PNG chart.
 
     bench/compare.py results.json [--chart docs/performance.png]
     bench/compare.py --run build/release/bench/gmm_bench [--json out.json] [--chart c.png] \
@@ -12,6 +12,7 @@ and CI do not need it. Standard library only, plus gnuplot for the chart.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,6 +101,30 @@ def table(results, shapes, p):
     return "\n".join(lines)
 
 
+def summary(results, shapes):
+    """Per pass, the geometric mean over shapes (and fp8 recipes) of v1's and v2's GFLOP/s over
+    the row's best baseline, for fp32, bf16 and the fp8 recipes."""
+    groups = [("fp32", ["fp32"]), ("bf16", ["bf16"]), ("fp8 recipes", FP8_RECIPES)]
+    head = ["pass"] + ["%s: v1 / v2" % name for name, _ in groups]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in PASSES:
+        cells = [p]
+        for _, recipes in groups:
+            means = []
+            for f in ["v1", "v2"]:
+                logs = []
+                for shape in shapes:
+                    for recipe in recipes:
+                        v = gflops(results, (p, f, recipe, shape))
+                        base = row_baselines(results, p, recipe, shape)
+                        if v is not None and base:
+                            logs.append(math.log(v / max(base)[0]))
+                means.append("%.2fx" % math.exp(sum(logs) / len(logs)) if logs else "-")
+            cells.append(" / ".join(means))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def errors(results):
     seen = {}
     for key, b in results.items():
@@ -171,8 +196,10 @@ def main():
     parser.add_argument("--run", help="path of gmm_bench: run it and summarize")
     parser.add_argument("--json-out", help="with --run: where to keep the JSON")
     parser.add_argument("--chart", help="write a PNG chart here (needs gnuplot)")
-    args, extra = parser.parse_known_args()
-    extra = [a for a in extra if a != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)  # after "--": gmm_bench's own arguments
+    args, extra = parser.parse_known_args(argv[:cut])
+    extra += argv[cut + 1:]
     path = args.json
     if args.run:
         path = args.json_out or os.path.join(tempfile.mkdtemp(prefix="gmm_bench_"), "out.json")
@@ -189,6 +216,8 @@ def main():
     for k in keys:
         if k in context:
             print("- %s: %s" % (k, context[k]))
+    print("\n### Geometric mean of v1 and v2 over the row's best baseline\n")
+    print(summary(results, shapes))
     for p in PASSES:
         print("\n### %s: GFLOP/s (ratio to the row's best baseline)\n" % p)
         print(table(results, shapes, p))

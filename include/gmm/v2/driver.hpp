@@ -186,8 +186,8 @@ constexpr std::int64_t kSkinnyBlockBytes = 512 * 1024;
 
 // Computes one task: pack the task's A rows over the whole contraction once (quantizing in the
 // kernel where asked), then per block of tiles.n columns and contraction chunk pack the B
-// panels and run the micro-kernel down the rows of each B panel (which stays in L1 while the A
-// chunk streams from L2); finally store the columns' tile.
+// panels and run the micro-kernel across the B block for each A panel (the A panel stays in L1
+// while the B block, tiles.k x tiles.n, streams from L2); finally store the columns' tile.
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -256,8 +256,8 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
       const std::int64_t steps = f.steps(kc);
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
       const float* a_scales = ws.a_scales.data() + c * rows_padded;
-      for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
-        for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+      for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+        for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
           const bool few = rows - ir <= p.kit.few_rows;
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
               steps, ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel,
