@@ -159,6 +159,48 @@ TEST_P(V2Gmm, NanStaysInItsGroup) {
   }
 }
 
+// Groups of at most KernelKit::stream_rows rows (decode) take the streaming kernels, their
+// columns split into tasks (a group of 6 rows keeps the packed path): forward
+// and dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N; results match the oracle and are the
+// same bits for 1 and 2 threads.
+TEST_P(V2Gmm, FewRowsStreamTheWeights) {
+  const CaseShape s{"decode", 16, 301, 1100, {1, 3, 0, 4, 2, 6}};
+  const std::int64_t streamed_groups = 4;  // the groups of 1 to 4 rows
+  const GmmRecipe fp8{"fp8",
+                      {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)},
+                      {DType::float8_e4m3fn, {1, 0, 1}}};
+  const GmmRecipe bf16{"bf16", {DType::bf16}, {DType::bf16}};
+  const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
+  const GmmRecipe blocks{"fp8_blocks",
+                         {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 43)},
+                         {DType::float8_e5m2, {1, 43, 100}}};
+  for (const GmmRecipe& r : {fp8, bf16, f32, blocks}) {
+    for (bool transpose : {false, true}) {
+      OwnedOutput first;
+      for (int threads : {1, 2}) {
+        Rng rng(606);
+        CallTrace trace;
+        Options o = make_options(GetParam(), s, threads);
+        o.transpose_rhs = transpose;
+        o.trace = &trace;
+        OwnedOutput got;
+        ASSERT_TRUE(run_gmm_case(rng, s, r, o, DType::f32, &got))
+            << r.label << " transpose=" << transpose << " threads=" << threads;
+        // columns per task: 512 of a transposed rhs, else 4 KiB of each weight row
+        const std::int64_t columns =
+            transpose ? 512 : 4096 / static_cast<std::int64_t>(size_of(r.rhs.dtype));
+        EXPECT_EQ(trace.streamed_tasks, streamed_groups * ((s.n + columns - 1) / columns))
+            << r.label;
+        if (threads == 1) {
+          first = got;
+        } else {
+          EXPECT_TRUE(same_bits(first, got)) << r.label << " transpose=" << transpose;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, V2Gmm, ::testing::ValuesIn(supported_isas()), isa_param_name);
 
 // Forcing a path the CPU lacks, or an unknown GMM_ISA, is a gmm::Error.

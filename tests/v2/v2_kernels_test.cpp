@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gmm/kernels/select.hpp"
+#include "support/operands.hpp"
 #include "support/random.hpp"
 #include "v2/v2_cases.hpp"
 
@@ -19,6 +22,10 @@ using kernels::KernelKit;
 using kernels::PackedElement;
 using kernels::PanelOrder;
 using kernels::PanelSource;
+
+std::int64_t round_up_to(std::int64_t x, std::int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
 
 // The kits this CPU runs: every forced path, fp32 and (where there is one) bf16 data.
 std::vector<KernelKit> kits() {
@@ -295,6 +302,181 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
               << name(kit.isa) << " few=" << few << " " << i << "," << j;
         }
         for (std::int64_t j = f.nr; j < ldc; ++j) EXPECT_EQ(c[i * ldc + j], 5.0f);
+      }
+    }
+  }
+}
+
+// The B dtypes a kit's streaming kernel can meet: all of them for fp32 kits, the bf16-exact
+// ones for bf16 kits.
+std::vector<DType> stream_dtypes(const KernelKit& kit) {
+  std::vector<DType> out = {DType::bf16, DType::float8_e4m3fn, DType::float8_e5m2, DType::int8};
+  if (kit.format.element == PackedElement::f32) out.push_back(DType::f32);
+  return out;
+}
+
+// A [lanes, contraction] B operand of `dtype` holding the given values, stored with contiguous
+// lanes ([K, N] weights) or contiguous contraction runs, in a buffer with padding on both axes.
+struct StreamOperand {
+  std::vector<unsigned char> data;
+  PanelSource source;
+};
+
+StreamOperand stream_operand(const std::vector<float>& values, DType dtype, std::int64_t lanes,
+                             std::int64_t depth, bool runs) {
+  StreamOperand op;
+  const std::int64_t lane_stride = runs ? depth + 5 : 1, k_stride = runs ? 1 : lanes + 7;
+  const std::int64_t elements = runs ? lanes * lane_stride : depth * k_stride;
+  op.data.assign(static_cast<std::size_t>(elements) * size_of(dtype), 0);
+  for (std::int64_t l = 0; l < lanes; ++l) {
+    for (std::int64_t k = 0; k < depth; ++k) {
+      store_as(op.data.data(), dtype, l * lane_stride + k * k_stride, values[l * depth + k]);
+    }
+  }
+  op.source = {op.data.data(), dtype, lane_stride, k_stride};
+  return op;
+}
+
+// Runs a streaming kernel twice (first, then accumulating) over columns [n0, n1) and contraction
+// [k0, k0 + kc) of B and returns C with sentinels around the written block.
+std::vector<float> run_stream(kernels::StreamFn stream, const KernelKit& kit, const PanelSource& b,
+                              const std::vector<float>& a, std::int64_t depth, int rows,
+                              std::int64_t n0, std::int64_t n1, std::int64_t k0, std::int64_t kc,
+                              const std::vector<float>& rs, const std::vector<float>& cs,
+                              std::int64_t ldc) {
+  const kernels::PackedFormat& f = kit.format;
+  PanelSource sa{a.data(), DType::f32, depth, 1};
+  std::vector<unsigned char> pa(f.panel_bytes(rows, kc));
+  reference_packer(kit, PanelOrder::lane_major)(sa, rows, 0, rows, k0, kc, rs.data(), pa.data());
+  std::vector<float> c(static_cast<std::size_t>((rows + 1) * ldc), 5.0f);
+  for (bool first : {true, false}) {
+    stream(b, n0, n1, k0, kc, pa.data(), f.steps(kc) * f.depth, rows, c.data(), ldc, rs.data(),
+           cs.data() + n0, first);
+  }
+  return c;
+}
+
+// Each streaming kernel computes c (= / +=) (A B) * row_scale * col_scale from unpacked B; with
+// small integers every sum is exact, so it must equal the scalar loop bit for bit: both B
+// layouts, every B dtype, 1 to 4 rows, ragged column ranges, odd contraction lengths.
+TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
+  Rng rng(10);
+  const std::int64_t lanes = 333, depth = 140;
+  std::vector<float> a(4 * depth), values(lanes * depth);
+  for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
+  for (float& x : values) x = static_cast<float>(rng.integer(-8, 8));
+  std::vector<float> rs(4), cs(lanes);
+  for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+  for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+  struct Range {
+    std::int64_t n0, n1, k0, kc;
+  };
+  const std::vector<Range> ranges = {
+      {0, 1, 0, 1}, {3, 20, 5, 45}, {0, 64, 0, 64}, {7, 333, 2, 131}, {64, 200, 11, 128}};
+  int checked = 0;
+  for (const KernelKit& kit : kits()) {
+    ASSERT_NE(kit.stream, nullptr) << name(kit.isa);
+    EXPECT_EQ(kit.stream_rows, 4);
+    std::vector<std::pair<std::string, kernels::StreamFn>> streams = {{"kit", kit.stream}};
+#if GMM_KERNELS_X86
+    // The fp8 kernels without vpermi2b (CPUs without AVX512_VBMI), called directly.
+    if (kit.format.element == PackedElement::bf16) {
+      streams.push_back(
+          {"fp8 without tables",
+           [](const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
+              std::int64_t kc, const void* pa, std::int64_t a_stride, int rows, float* c,
+              std::int64_t ldc, const float* row_scales, const float* col_scales, bool first) {
+             if (b.dtype != DType::float8_e4m3fn) return;
+             const bool runs = b.k_stride == 1;
+             auto run = runs ? kernels::stream_rows_dispatch<
+                                   kernels::StreamBf16<DType::float8_e4m3fn, true, false>::Kernel>
+                             : kernels::stream_rows_dispatch<
+                                   kernels::StreamBf16<DType::float8_e4m3fn, false, false>::Kernel>;
+             run(rows, b, n0, n1, k0, kc, pa, a_stride, c, ldc, row_scales, col_scales, first);
+           }});
+    }
+#endif
+    for (const auto& [label, stream] : streams) {
+      for (DType dtype : stream_dtypes(kit)) {
+        if (label != "kit" && dtype != DType::float8_e4m3fn) continue;
+        for (bool runs : {false, true}) {
+          const StreamOperand b = stream_operand(values, dtype, lanes, depth, runs);
+          for (int rows = 1; rows <= 4; ++rows) {
+            for (const Range& r : ranges) {
+              const std::int64_t ldc = r.n1 - r.n0 + 3;
+              const std::vector<float> c = run_stream(stream, kit, b.source, a, depth, rows, r.n0,
+                                                      r.n1, r.k0, r.kc, rs, cs, ldc);
+              for (int i = 0; i <= rows; ++i) {
+                for (std::int64_t j = 0; j < ldc; ++j) {
+                  float expected = 5.0f;
+                  if (i < rows && j < r.n1 - r.n0) {
+                    double sum = 0;
+                    for (std::int64_t k = r.k0; k < r.k0 + r.kc; ++k) {
+                      sum += a[i * depth + k] * values[(r.n0 + j) * depth + k];
+                    }
+                    expected = static_cast<float>(2 * sum * rs[i] * cs[r.n0 + j]);
+                  }
+                  ASSERT_EQ(c[i * ldc + j], expected)
+                      << name(kit.isa) << " " << label << " " << name(dtype) << " runs=" << runs
+                      << " rows=" << rows << " n=[" << r.n0 << "," << r.n1 << ") k0=" << r.k0
+                      << " kc=" << r.kc << " at " << i << "," << j;
+                }
+              }
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// Over B with contiguous columns the streaming kernel sums each column in the packed
+// micro-kernel's order, so on arbitrary data its results equal the packed path's bit for bit
+// (on the kits whose stream and micro-kernel use the same instruction: scalar, AVX-512F,
+// AVX512_BF16).
+TEST(V2Kernels, StreamMatchesPackedKernelBits) {
+  Rng rng(11);
+  const std::int64_t lanes = 150, depth = 77;
+  for (const KernelKit& kit : kits()) {
+    if (kit.isa != Isa::scalar && kit.isa != Isa::avx512f && kit.isa != Isa::avx512bf16) continue;
+    const kernels::PackedFormat& f = kit.format;
+    for (DType dtype : stream_dtypes(kit)) {
+      std::vector<float> a(4 * depth), values(lanes * depth);
+      const DType a_dtype = f.element == PackedElement::bf16 ? DType::bf16 : DType::f32;
+      for (float& x : a) x = random_value(rng, a_dtype);
+      for (float& x : values) x = random_value(rng, dtype);
+      std::vector<float> rs(f.mr, 0.0f), cs(round_up_to(lanes, f.nr), 0.0f);
+      for (int i = 0; i < 4; ++i) rs[i] = random_scale(rng);
+      for (std::int64_t j = 0; j < lanes; ++j) cs[j] = random_scale(rng);
+      const StreamOperand b = stream_operand(values, dtype, lanes, depth, false);
+      for (int rows = 1; rows <= 4; ++rows) {
+        const std::int64_t ldc = round_up_to(lanes, f.nr);
+        const std::vector<float> streamed =
+            run_stream(kit.stream, kit, b.source, a, depth, rows, 0, lanes, 0, depth, rs, cs, ldc);
+        // the packed path: A padded to mr rows, B packed in nr-wide panels
+        PanelSource sa{a.data(), DType::f32, depth, 1};
+        std::vector<unsigned char> pa(f.panel_bytes(f.mr, depth));
+        reference_packer(kit, PanelOrder::lane_major)(sa, f.mr, 0, rows, 0, depth, rs.data(),
+                                                      pa.data());
+        std::vector<unsigned char> pb((ldc / f.nr) * f.panel_bytes(f.nr, depth));
+        kit.pack_b(b.source, f.nr, 0, lanes, 0, depth, cs.data(), pb.data());
+        std::vector<float> packed(static_cast<std::size_t>(f.mr * ldc), 5.0f);
+        const auto kernel = kit.few_rows_kernel != nullptr ? kit.few_rows_kernel : kit.kernel;
+        for (bool first : {true, false}) {
+          for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
+            kernel(f.steps(depth), pa.data(), pb.data() + (jr / f.nr) * f.panel_bytes(f.nr, depth),
+                   packed.data() + jr, ldc, rs.data(), cs.data() + jr, first, rows);
+          }
+        }
+        for (int i = 0; i < rows; ++i) {
+          for (std::int64_t j = 0; j < lanes; ++j) {
+            ASSERT_EQ(std::memcmp(&streamed[i * ldc + j], &packed[i * ldc + j], 4), 0)
+                << name(kit.isa) << " " << name(dtype) << " rows=" << rows << " at " << i << ","
+                << j << ": " << streamed[i * ldc + j] << " vs " << packed[i * ldc + j];
+          }
+        }
       }
     }
   }

@@ -74,7 +74,8 @@ struct CallTrace {
   int threads = 1;
   OperandTrace lhs;
   OperandTrace rhs;
-  std::int64_t extra_bytes = 0;  // peak bytes allocated beyond the outputs
+  std::int64_t extra_bytes = 0;     // peak bytes allocated beyond the outputs
+  std::int64_t streamed_tasks = 0;  // v2: tasks of a few rows read from unpacked weights
 };
 
 // Options of gmm::gmm and gmm::tgmm.

@@ -7,6 +7,7 @@
 #include "gmm/kernels/avx512.hpp"
 #include "gmm/kernels/cpu.hpp"
 #include "gmm/kernels/format.hpp"
+#include "gmm/kernels/stream_avx512.hpp"
 
 #if GMM_KERNELS_X86
 #define GMM_TARGET_AMX \
@@ -80,22 +81,6 @@ GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, co
     store_row_avx512<2>(c + i * ldc, acc, row_scales[i], cs, first);
   }
 }
-
-// bf16 bits of the 128 fp8 magnitudes, split into high and low bytes: the lookup tables of the
-// fp8 B packer (NaN codes give the canonical quiet NaN, e5m2 infinities stay infinite).
-template <DType kFp8>
-struct Fp8Bf16Bytes {
-  alignas(64) std::uint8_t high[128];
-  alignas(64) std::uint8_t low[128];
-  Fp8Bf16Bytes() {
-    for (int m = 0; m < 128; ++m) {
-      const std::uint8_t code = static_cast<std::uint8_t>(m);
-      const std::uint16_t bits = bf16_bits(load_as_float(&code, kFp8, 0));
-      high[m] = static_cast<std::uint8_t>(bits >> 8);
-      low[m] = static_cast<std::uint8_t>(bits & 0xFF);
-    }
-  }
-};
 
 // Packs B panels of fp8 weights whose lanes are contiguous ([K, N] weights): per pair of rows
 // the two 32-byte runs are byte-interleaved (one vpermb), each byte becomes its bf16 high and
@@ -181,6 +166,8 @@ inline KernelKit amx_kit() {
   kit.kernel = kernel_amx_bf16<2>;
   kit.few_rows_kernel = kernel_amx_bf16<1>;
   kit.few_rows = 16;
+  kit.stream = stream_avx512_bf16;
+  kit.stream_rows = 4;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.begin = amx_begin;

@@ -60,6 +60,8 @@ inline KernelKit avx2_kit() {
   kit.pack_a = pack_reference<PackedElement::f32, 1, PanelOrder::lane_major>;
   kit.pack_b = pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
   kit.kernel = kernel_avx2_f32<6, 2>;
+  kit.stream = stream_reference;
+  kit.stream_rows = 4;
   kit.absmax = absmax_reference;
   kit.tiles = {96, 256, 512};
   return kit;

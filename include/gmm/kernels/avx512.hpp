@@ -634,6 +634,17 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
   }
 }
 
+// KernelKit::stream of the two kits below, defined in kernels/stream_avx512.hpp (included at the
+// end of this header).
+inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                              std::int64_t k0, std::int64_t kc, const void* a,
+                              std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
+                              const float* row_scales, const float* col_scales, bool first);
+inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                               std::int64_t k0, std::int64_t kc, const void* a,
+                               std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
+                               const float* row_scales, const float* col_scales, bool first);
+
 // The AVX-512F path: fp32 values (bf16 / fp8 / int8 widened exactly) and a 12 x 32 FMA kernel.
 inline KernelKit avx512f_kit() {
   KernelKit kit;
@@ -644,6 +655,8 @@ inline KernelKit avx512f_kit() {
   kit.kernel = kernel_avx512_f32<12, 2>;
   kit.few_rows_kernel = kernel_avx512_f32<4, 2>;
   kit.few_rows = 4;
+  kit.stream = stream_avx512_f32;
+  kit.stream_rows = 4;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.tiles = {384, 128, 512};
@@ -660,6 +673,8 @@ inline KernelKit avx512bf16_kit() {
   kit.kernel = kernel_avx512_bf16<8, 2>;
   kit.few_rows_kernel = kernel_avx512_bf16<4, 2>;
   kit.few_rows = 4;
+  kit.stream = stream_avx512_bf16;
+  kit.stream_rows = 4;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.tiles = {192, 512, 512};
@@ -671,4 +686,6 @@ inline KernelKit avx512bf16_kit() {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+
+#include "gmm/kernels/stream_avx512.hpp"
 #endif

@@ -34,6 +34,7 @@ struct CpuFeatures {
   // kernel on exactly widened values is the faster choice for bf16 / fp8 / int8 data.
   bool bf16_dot_beats_fma = false;
   bool amx = false;  // avx512bf16 + AVX512_VBMI + AMX-TILE / AMX-BF16, tile state granted by the OS
+  bool avx512vbmi = false;  // avx512f plus AVX512_VBMI (vpermb, vpermi2b / vpermt2b)
 };
 
 #if GMM_KERNELS_X86
@@ -78,6 +79,7 @@ inline CpuFeatures detect_cpu_features() {
   f.avx512f = f.avx2 && zmm_state && avx512;
   f.avx512bf16 = f.avx512f && bf16;
   f.bf16_dot_beats_fma = f.avx512bf16 && !intel;
+  f.avx512vbmi = f.avx512f && vbmi;
   f.amx = f.avx512bf16 && vbmi && amx_tile && amx_bf16 && tile_state && request_amx_state();
 #endif
   return f;

@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "gmm/core/dtype.hpp"
 #include "gmm/core/qvalue.hpp"
@@ -109,6 +110,29 @@ void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_p
   }
 }
 
+// KernelKit::stream of the fp32 kits: each element of C summed over the contraction in order,
+// one index at a time, as the scalar micro-kernel does (B widened exactly by load_as_float).
+inline void stream_reference(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                             std::int64_t k0, std::int64_t kc, const void* a_packed,
+                             std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
+                             const float* row_scales, const float* col_scales, bool first) {
+  const float* a = static_cast<const float*>(a_packed);
+  const std::int64_t cols = n1 - n0;
+  std::vector<float> acc(static_cast<std::size_t>(rows * cols), 0.0f);
+  for (std::int64_t k = 0; k < kc; ++k) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float value =
+          load_as_float(b.data, b.dtype, (n0 + j) * b.lane_stride + (k0 + k) * b.k_stride);
+      for (int i = 0; i < rows; ++i) acc[i * cols + j] += a[i * a_stride + k] * value;
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      store_tile_element(c + i * ldc + j, acc[i * cols + j], row_scales[i], col_scales[j], first);
+    }
+  }
+}
+
 // The portable path: fp32 values (bf16 / fp8 / int8 widened exactly) and the scalar kernel.
 inline KernelKit scalar_kit() {
   KernelKit kit;
@@ -117,6 +141,8 @@ inline KernelKit scalar_kit() {
   kit.pack_a = pack_reference<PackedElement::f32, 1, PanelOrder::lane_major>;
   kit.pack_b = pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
   kit.kernel = kernel_scalar_f32<4, 16>;
+  kit.stream = stream_reference;
+  kit.stream_rows = 4;
   kit.absmax = absmax_reference;
   kit.tiles = {64, 256, 256};
   return kit;

@@ -63,6 +63,7 @@ struct Product {
   bool accumulate = false;
   std::vector<Job> jobs;
   std::vector<AbsmaxTable> tables;
+  std::int64_t streamed_tasks = 0;  // tasks run_product gave to run_stream_task
 };
 
 // Per-thread buffers: packed panels, the fp32 tile of C and per-lane scales.
@@ -184,33 +185,98 @@ constexpr std::int64_t kWholeABytes = 4 * 1024 * 1024;
 // Bytes of the packed B block of a task of a few rows (see run_task).
 constexpr std::int64_t kSkinnyBlockBytes = 512 * 1024;
 
-// Computes one task: pack the task's A rows over the whole contraction once (quantizing in the
-// kernel where asked), then per block of tiles.n columns and contraction chunk pack the B
-// panels and run the micro-kernel across the B block for each A panel (the A panel stays in L1
-// while the B block, tiles.k x tiles.n, streams from L2); finally store the columns' tile.
-inline void run_task(const Product& p, const Task& t, Workspace& ws) {
-  const Job& job = p.jobs[t.job];
+// Columns of each streamed task (the tasks of a few rows split the columns among the workers):
+// with contiguous columns, 4 KiB of each contraction row (a page: the hardware prefetchers fetch
+// whole pages of a partly read row, and the memory serves whole rows best); with contiguous
+// contraction runs, 512 columns.
+inline std::int64_t stream_columns(const kernels::PanelSource& b) {
+  if (b.k_stride == 1) return 512;
+  return std::max<std::int64_t>(64, 4096 / static_cast<std::int64_t>(size_of(b.dtype)));
+}
+
+// True when a task of `rows` rows of `job` runs on the kit's streaming kernel: a few rows and a B
+// that is not quantized in the kernel (that case keeps the packed path, which quantizes once).
+inline bool streams(const Product& p, const Job& job, std::int64_t rows) {
+  return p.kit.stream != nullptr && rows <= p.kit.stream_rows && !job.b.source.quantize;
+}
+
+// The longest contraction chunk of a task of `rows` rows whose B is packed (see run_task).
+inline std::int64_t packed_chunk(const Product& p, std::int64_t rows) {
   const kernels::PackedFormat& f = p.kit.format;
-  const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
-  // A task of a few rows streams its weights once: it takes every column at once (whole rows of
-  // [K, N] weights are read in order) with a chunk short enough to keep the B block in L2.
-  const bool skinny = rows <= p.kit.few_rows;
-  const std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
   const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
+  if (rows > p.kit.few_rows) return std::max<std::int64_t>(1, p.tiles.k);
   const std::int64_t skinny_kc =
       kSkinnyBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
-  const std::int64_t max_kc =
-      skinny ? std::max(quantum, std::min(p.tiles.k, skinny_kc) / quantum * quantum)
-             : std::max<std::int64_t>(1, p.tiles.k);
+  return std::max(quantum, std::min(p.tiles.k, skinny_kc) / quantum * quantum);
+}
 
-  // contraction chunks: at most tiles.k long, never across a scale segment
+// Fills ws.chunks with the starts of a job's contraction chunks, then its end: at most max_kc
+// long, never across a scale segment. Returns the number of chunks.
+inline std::int64_t fill_chunks(const Product& p, const Job& job, std::int64_t max_kc,
+                                Workspace& ws) {
   ws.chunks.clear();
   for (std::int64_t k = job.k_begin; k < job.k_end;) {
     ws.chunks.push_back(k);
     k = std::min({job.k_end, (k / p.segment + 1) * p.segment, k + max_kc});
   }
-  const std::int64_t chunk_count = static_cast<std::int64_t>(ws.chunks.size());
+  const std::int64_t count = static_cast<std::int64_t>(ws.chunks.size());
   ws.chunks.push_back(job.k_end);
+  return count;
+}
+
+// Computes one task of a few rows on the kit's streaming kernel: the task's A rows are packed
+// once over the whole contraction (one panel of exactly `rows` lanes per chunk, quantized in the
+// kernel where asked), then per chunk the kernel reads B's columns [n0, n1) unpacked; finally
+// the fp32 tile is stored. B with contiguous columns is chunked as the packed path chunks it (so
+// the sums are bit-identical to it); B with contiguous contraction runs only at scale segments.
+inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
+  const Job& job = p.jobs[t.job];
+  const kernels::PackedFormat& f = p.kit.format;
+  const std::int64_t rows = t.a1 - t.a0, cols = t.n1 - t.n0;
+  const bool runs = job.b.source.k_stride == 1;
+  const std::int64_t chunk_count =
+      fill_chunks(p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, rows), ws);
+
+  ws.a_scales.resize(static_cast<std::size_t>(std::max<std::int64_t>(1, chunk_count) * rows));
+  std::size_t a_bytes = 0;
+  for (std::int64_t c = 0; c < chunk_count; ++c) {
+    a_bytes += f.panel_bytes(static_cast<int>(rows), ws.chunks[c + 1] - ws.chunks[c]);
+  }
+  ws.a_packed.resize(a_bytes);
+  ws.b_scales.resize(static_cast<std::size_t>(cols));
+  ws.c.assign(static_cast<std::size_t>(rows * cols), 0.0f);
+  std::size_t a_offset = 0;
+  for (std::int64_t c = 0; c < chunk_count; ++c) {
+    const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
+    float* a_scales = ws.a_scales.data() + c * rows;
+    chunk_scales(job.a, table(p, job.a_table), t.a0, rows, rows, k, a_scales);
+    p.kit.pack_a(job.a.source, static_cast<int>(rows), t.a0, rows, k, kc, a_scales,
+                 ws.a_packed.data() + a_offset);
+    chunk_scales(job.b, table(p, job.b_table), t.n0, cols, cols, k, ws.b_scales.data());
+    p.kit.stream(job.b.source, t.n0, t.n1, k, kc, ws.a_packed.data() + a_offset,
+                 f.steps(kc) * f.depth, static_cast<int>(rows), ws.c.data(), cols, a_scales,
+                 ws.b_scales.data(), c == 0);
+    a_offset += f.panel_bytes(static_cast<int>(rows), kc);
+  }
+  write_tile(p, job, t, t.n0, cols, ws.c.data(), cols);
+}
+
+// Computes one task whose B is packed: pack the task's A rows over the whole contraction once
+// (quantizing in the kernel where asked), then per block of tiles.n columns and contraction
+// chunk pack the B panels and run the micro-kernel across the B block for each A panel (the A
+// panel stays in L1 while the B block, tiles.k x tiles.n, streams from L2); finally store the
+// columns' tile.
+inline void run_task(const Product& p, const Task& t, Workspace& ws) {
+  const Job& job = p.jobs[t.job];
+  const kernels::PackedFormat& f = p.kit.format;
+  const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
+  // A task of a few rows (packed when the kit has no streaming kernel or B is quantized here)
+  // reads its weights once: it takes all its columns at once (whole rows of [K, N] weights are
+  // read in order) with a chunk short enough to keep the B block in L2 (packed_chunk).
+  const bool skinny = rows <= p.kit.few_rows;
+  const std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
+  const std::int64_t max_kc = packed_chunk(p, rows);
+  const std::int64_t chunk_count = fill_chunks(p, job, max_kc, ws);
 
   // The A block over every chunk, with its per-row scales, packed once when it fits in
   // kWholeABytes (so quantizing it in the kernel happens once per row); otherwise each chunk's A
@@ -311,6 +377,7 @@ inline void trace_call(const Options& options, const char* op, const Product& p,
   t.tiles = p.tiles;
   t.threads = threads;
   t.extra_bytes = extra_bytes;
+  t.streamed_tasks = p.streamed_tasks;
   t.lhs = lhs;
   t.rhs = rhs;
 }
@@ -330,11 +397,13 @@ inline double task_work(const Product& p, const Task& t) {
 // Tasks at which parallel_for balances the workers' loads well enough.
 constexpr int kTasksPerWorker = 4;
 
-// The tasks of a call: each job's rows cut into blocks of tiles.m, all columns; then, with
-// several workers, a task heavier than 1 / (kTasksPerWorker * threads) of the call's work (one
-// large group, as in the compute-bound shape) is cut into column ranges of whole tiles.n blocks.
-// Results do not depend on the cut: every element of C sums the same contraction chunks in the
-// same order whatever its task's columns.
+// The tasks of a call: each job's rows cut into blocks of tiles.m, all columns. A task the kit
+// streams (streams()) is cut into column ranges of stream_columns() whatever the thread count
+// (one group of one row still keeps every worker busy); with several workers, another task
+// heavier than 1 / (kTasksPerWorker * threads) of the call's work (one large group, as in the
+// compute-bound shape) is cut into column ranges of whole tiles.n blocks. Results do not depend
+// on the cut: every element of C sums the same contraction chunks in the same order whatever its
+// task's columns.
 inline std::vector<Task> split_tasks(const Product& p, int threads) {
   std::vector<Task> rows;
   double total = 0;
@@ -345,20 +414,28 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
       total += task_work(p, rows.back());
     }
   }
-  if (threads <= 1) return rows;
-  const double target = total / (kTasksPerWorker * threads);
+  const double target = total / (kTasksPerWorker * std::max(1, threads));
   const std::int64_t column_blocks = (p.n + p.tiles.n - 1) / p.tiles.n;
   std::vector<Task> tasks;
   for (const Task& t : rows) {
+    const Job& job = p.jobs[t.job];
+    if (streams(p, job, t.a1 - t.a0)) {
+      const std::int64_t columns = stream_columns(job.b.source);
+      for (std::int64_t n = 0; n < p.n; n += columns) {
+        tasks.push_back({t.job, t.a0, t.a1, n, std::min(p.n, n + columns)});
+      }
+      continue;
+    }
     const bool skinny = t.a1 - t.a0 <= p.kit.few_rows;
     const std::int64_t pieces =
-        skinny ? 1
-               : std::clamp<std::int64_t>(static_cast<std::int64_t>(task_work(p, t) / target),
-                                          1, column_blocks);
+        skinny || threads <= 1
+            ? 1
+            : std::clamp<std::int64_t>(static_cast<std::int64_t>(task_work(p, t) / target), 1,
+                                       column_blocks);
     const std::int64_t blocks_per_piece = (column_blocks + pieces - 1) / pieces;
     for (std::int64_t b = 0; b < column_blocks; b += blocks_per_piece) {
-      tasks.push_back({t.job, t.a0, t.a1, b * p.tiles.n,
-                       std::min(p.n, (b + blocks_per_piece) * p.tiles.n)});
+      tasks.push_back(
+          {t.job, t.a0, t.a1, b * p.tiles.n, std::min(p.n, (b + blocks_per_piece) * p.tiles.n)});
     }
   }
   return tasks;
@@ -444,12 +521,19 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
                });
 
   std::vector<Task> tasks = split_tasks(p, threads);
+  for (const Task& t : tasks) p.streamed_tasks += streams(p, p.jobs[t.job], t.a1 - t.a0);
   const int workers = static_cast<int>(std::max<std::int64_t>(
       1, std::min<std::int64_t>(threads, static_cast<std::int64_t>(tasks.size()))));
   *threads_used = workers;
   std::vector<Workspace> spaces(static_cast<std::size_t>(workers));
-  parallel_for(static_cast<std::int64_t>(tasks.size()), workers,
-               [&](std::int64_t i, int worker) { run_task(p, tasks[i], spaces[worker]); });
+  parallel_for(static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t i, int worker) {
+    const Task& t = tasks[i];
+    if (streams(p, p.jobs[t.job], t.a1 - t.a0)) {
+      run_stream_task(p, t, spaces[worker]);
+    } else {
+      run_task(p, t, spaces[worker]);
+    }
+  });
   std::int64_t bytes = table_bytes;
   for (const Workspace& w : spaces) bytes += w.bytes();
   for (const auto& v : scratch) bytes += static_cast<std::int64_t>(v.capacity() * sizeof(float));

@@ -1,0 +1,663 @@
+// Streaming kernels of the AVX-512 paths (KernelKit::stream): a few rows of C straight from
+// unpacked B, widened on the fly to bf16 pairs (vdpbf16ps) or fp32 (FMA).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "gmm/kernels/avx512.hpp"
+#include "gmm/kernels/cpu.hpp"
+#include "gmm/kernels/format.hpp"
+#include "gmm/kernels/reference.hpp"
+
+#if GMM_KERNELS_X86
+#define GMM_TARGET_AVX512VBMI \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16,avx512vbmi")))
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace gmm::kernels {
+
+// Two layouts of B reach a streaming kernel. With contiguous lanes ([K, N] weights, forward)
+// the chunk's contraction rows are read one after the other across a span of columns, each
+// contraction index (pair for bf16) added to the span's sums in order, so each column is summed
+// exactly as the packed micro-kernel sums it: the results are bit-identical to the packed path
+// over the same chunk. With contiguous contraction runs (transposed weights, dlhs) each column's
+// run is read as vectors along the contraction and dotted with A's rows, 16 partial sums per column
+// added up at the end of the chunk: the same products, summed in another order.
+
+// The lanes-contiguous kernels read a span of up to kStreamSpan columns band by band: a band is
+// kStreamBand contraction pairs, walked by blocks of columns whose sums stay in registers
+// (the span's sums wait in memory between bands) while the next band's rows are prefetched
+// whole (each row is a new page of the weights, which the hardware prefetchers do not follow).
+constexpr std::int64_t kStreamSpan = 4096;
+constexpr std::int64_t kStreamBand = 8;
+
+inline __mmask32 first_words(std::int64_t count) {
+  return count >= 32  ? static_cast<__mmask32>(0xFFFFFFFFu)
+         : count <= 0 ? static_cast<__mmask32>(0)
+                      : static_cast<__mmask32>((1u << count) - 1);
+}
+
+inline __mmask64 first_bytes(std::int64_t count) {
+  return count >= 64  ? static_cast<__mmask64>(~0ull)
+         : count <= 0 ? static_cast<__mmask64>(0)
+                      : static_cast<__mmask64>((1ull << count) - 1);
+}
+
+// bf16 bits of the 128 fp8 magnitudes, split into high and low bytes: the tables of the
+// vpermi2b widening here and in the AMX fp8 packer (NaN codes give the canonical quiet NaN, e5m2
+// infinities stay infinite).
+template <DType kFp8>
+struct Fp8Bf16Bytes {
+  alignas(64) std::uint8_t high[128];
+  alignas(64) std::uint8_t low[128];
+  Fp8Bf16Bytes() {
+    for (int m = 0; m < 128; ++m) {
+      const std::uint8_t code = static_cast<std::uint8_t>(m);
+      const std::uint16_t bits = bf16_bits(load_as_float(&code, kFp8, 0));
+      high[m] = static_cast<std::uint8_t>(bits >> 8);
+      low[m] = static_cast<std::uint8_t>(bits & 0xFF);
+    }
+  }
+};
+
+// vpermt2b indices zipping two 64-byte vectors x, y of fp8 codes so that the in-lane byte
+// unpacks after the table lookups emit bf16 pairs in order. Lanes (x, y: contraction rows k and
+// k + 1 over 64 columns): zip h gives the pairs of columns 32h .. 32h + 31. Runs (x, y: the
+// contraction runs k .. k + 63 of two columns): zip h gives x's then y's pairs of contraction
+// 32h .. 32h + 31.
+struct Fp8Zip {
+  alignas(64) std::uint8_t lanes[2][64];
+  alignas(64) std::uint8_t runs[2][64];
+  Fp8Zip() {
+    for (int h = 0; h < 2; ++h) {
+      for (int pos = 0; pos < 64; ++pos) {
+        const int lane = pos / 16, i = pos % 16;
+        const int w = i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8;  // word of the output
+        lanes[h][pos] = static_cast<std::uint8_t>((w % 2) * 64 + 32 * h + w / 2);
+        runs[h][pos] = static_cast<std::uint8_t>(i < 8 ? 32 * h + 8 * lane + i
+                                                       : 64 + 32 * h + 8 * lane + i - 8);
+      }
+    }
+  }
+};
+
+// The registers of the fp8 widening: the two halves of both lookup tables and the zips.
+struct Fp8Widener {
+  __m512i high0, high1, low0, low1, zip0, zip1;
+};
+
+template <DType kFp8>
+GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener(bool runs) {
+  static const Fp8Bf16Bytes<kFp8> table;
+  static const Fp8Zip zip;
+  const std::uint8_t(&order)[2][64] = runs ? zip.runs : zip.lanes;
+  return {_mm512_load_si512(table.high), _mm512_load_si512(table.high + 64),
+          _mm512_load_si512(table.low),  _mm512_load_si512(table.low + 64),
+          _mm512_load_si512(order[0]),   _mm512_load_si512(order[1])};
+}
+
+// The four vectors of bf16 pairs of 128 fp8 codes (see Fp8Zip): per zip one vpermt2b, two
+// 128-entry lookups (vpermi2b, the sign bit merged back by one ternary logic op) and two
+// unpacks.
+GMM_TARGET_AVX512VBMI inline void widen_fp8(__m512i x, __m512i y, const Fp8Widener& t,
+                                            __m512i (&out)[4]) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m512i codes = _mm512_permutex2var_epi8(x, h == 0 ? t.zip0 : t.zip1, y);
+    const __m512i high = _mm512_ternarylogic_epi32(
+        _mm512_permutex2var_epi8(t.high0, codes, t.high1), codes, sign, 0xF8);
+    const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+    out[2 * h] = _mm512_unpacklo_epi8(low, high);
+    out[2 * h + 1] = _mm512_unpackhi_epi8(low, high);
+  }
+}
+
+// Exact fp32 values of 16 lanes of B from element `index` on, contiguous or strided.
+template <DType kDtype>
+GMM_TARGET_AVX512 inline __m512 load16_lanes(const PanelSource& b, std::int64_t index,
+                                             __mmask16 mask) {
+  return b.lane_stride == 1 ? load16<kDtype>(b.data, index, mask)
+                            : load16_strided<kDtype>(b.data, index, b.lane_stride, mask);
+}
+
+// bf16 pairs of 16 columns from two contraction rows (the second zero when absent), any dtype:
+// exact fp32 values, truncated to their (exact) bf16 halves.
+template <DType kDtype>
+GMM_TARGET_AVX512 inline __m512i lane_pairs(const PanelSource& b, std::int64_t index,
+                                            __mmask16 mask, bool second) {
+  return to_bf16_pairs(load16_lanes<kDtype>(b, index, mask),
+                       load16_lanes<kDtype>(b, index + b.k_stride, second ? mask : 0));
+}
+
+// 16 pairs (32 contraction indices in order) of one column's run, any dtype.
+template <DType kDtype>
+GMM_TARGET_AVX512 inline __m512i run_pairs(const void* data, std::int64_t index,
+                                           std::int64_t count) {
+  if constexpr (kDtype == DType::bf16) {
+    return _mm512_maskz_loadu_epi16(first_words(count),
+                                    static_cast<const std::uint16_t*>(data) + index);
+  } else {
+    const __m256i low = to_bf16_words(load16<kDtype>(data, index, first_lanes(count)));
+    const __m256i high = to_bf16_words(load16<kDtype>(data, index + 16, first_lanes(count - 16)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  }
+}
+
+// Prefetches (into L2) part `part` of `parts` of the lines of rows [row0, row1) of a
+// lanes-contiguous B over columns [n, n + cols), taken whole row after whole row, so that the
+// memory sees each row's run in order whatever order the kernel then reads it in.
+inline void prefetch_rows(const PanelSource& b, std::int64_t row0, std::int64_t row1,
+                          std::int64_t n, std::int64_t cols, std::int64_t element,
+                          std::int64_t part, std::int64_t parts) {
+  if (b.lane_stride != 1) return;
+  const std::int64_t row_lines = (cols * element + 63) / 64, lines = (row1 - row0) * row_lines;
+  const char* base = static_cast<const char*>(b.data) + (row0 * b.k_stride + n) * element;
+  for (std::int64_t t = part * lines / parts; t < (part + 1) * lines / parts; ++t) {
+    _mm_prefetch(base + (t / row_lines) * b.k_stride * element + (t % row_lines) * 64, _MM_HINT_T1);
+  }
+}
+
+// The epilogue of one row of a span: c (= or +=) acc * row_scale * col_scales over `cols`
+// columns.
+GMM_TARGET_AVX512 inline void stream_store_span(float* c, const float* acc, float row_scale,
+                                                const float* col_scales, std::int64_t cols,
+                                                bool first) {
+  const __m512 rs = _mm512_set1_ps(row_scale);
+  for (std::int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 mask = first_lanes(cols - j);
+    const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(acc + j), rs),
+                                        _mm512_maskz_loadu_ps(mask, col_scales + j));
+    _mm512_mask_storeu_ps(
+        c + j, mask, first ? scaled : _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c + j), scaled));
+  }
+}
+
+// The epilogue of a runs kernel: each accumulator's 16 partial sums added up, then scaled.
+template <int kRows, int kCols>
+GMM_TARGET_AVX512 inline void stream_store_sums(float* c, std::int64_t ldc,
+                                                const __m512 (&acc)[kRows][kCols],
+                                                const float* row_scales, const float* col_scales,
+                                                std::int64_t cols, bool first) {
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kCols && j < cols; ++j) {
+      store_tile_element(c + i * ldc + j, _mm512_reduce_add_ps(acc[i][j]), row_scales[i],
+                         col_scales[j], first);
+    }
+  }
+}
+
+// ---- vdpbf16ps kernels (the AVX512_BF16 kit) -------------------------------------------------
+
+// Lanes-contiguous B (see kStreamBand): blocks of 16 * kNv columns, one vector of bf16 pairs per
+// 16 columns and contraction pair, widened from any dtype.
+template <DType kDtype, int kRows, int kNv>
+GMM_TARGET_AVX512BF16 void stream_bf16_lanes(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                                             std::int64_t k0, std::int64_t kc,
+                                             const std::uint16_t* a, std::int64_t a_stride,
+                                             float* c, std::int64_t ldc, const float* row_scales,
+                                             const float* col_scales, bool first) {
+  constexpr std::int64_t kBlock = 16 * kNv;
+  alignas(64) float sums[kRows][kStreamSpan];
+  const std::int64_t pairs = (kc + 1) / 2, element = static_cast<std::int64_t>(size_of(kDtype));
+  for (std::int64_t n = n0; n < n1; n += kStreamSpan) {
+    const std::int64_t cols = std::min(kStreamSpan, n1 - n);
+    const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
+    for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
+    for (std::int64_t p0 = 0; p0 < pairs; p0 += kStreamBand) {
+      const std::int64_t p1 = std::min(pairs, p0 + kStreamBand);
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        const std::int64_t j = block * kBlock;
+        prefetch_rows(b, k0 + 2 * (p0 + kStreamBand), k0 + 2 * (p1 + kStreamBand), n, cols, element,
+                      block, blocks);
+        __m512 acc[kRows][kNv];
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_load_ps(sums[i] + j + 16 * v);
+        }
+        for (std::int64_t s = p0; s < p1; ++s) {
+          const std::int64_t index = (k0 + 2 * s) * b.k_stride + (n + j) * b.lane_stride;
+          __m512i bv[kNv];
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) {
+            bv[v] = lane_pairs<kDtype>(b, index + 16 * v * b.lane_stride,
+                                       first_lanes(cols - j - 16 * v), 2 * s + 1 < kc);
+          }
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) {
+            std::int32_t pair;
+            std::memcpy(&pair, a + i * a_stride + 2 * s, sizeof pair);
+            const __m512i av = _mm512_set1_epi32(pair);
+#pragma GCC unroll 8
+            for (int v = 0; v < kNv; ++v) {
+              acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)av, (__m512bh)bv[v]);
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) _mm512_store_ps(sums[i] + j + 16 * v, acc[i][v]);
+        }
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      stream_store_span(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0), cols,
+                        first);
+    }
+  }
+}
+
+// Lanes-contiguous fp8 B with contiguous columns (see kStreamBand): blocks of 16 * kNv columns
+// (kNv a multiple of 4), 64 columns of two contraction rows widened at a time by widen_fp8.
+template <DType kFp8, int kRows, int kNv>
+GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int64_t n0,
+                                                 std::int64_t n1, std::int64_t k0, std::int64_t kc,
+                                                 const std::uint16_t* a, std::int64_t a_stride,
+                                                 float* c, std::int64_t ldc,
+                                                 const float* row_scales, const float* col_scales,
+                                                 bool first) {
+  constexpr std::int64_t kBlock = 16 * kNv;
+  alignas(64) float sums[kRows][kStreamSpan];
+  const Fp8Widener widener = fp8_widener<kFp8>(false);
+  const auto* data = static_cast<const std::uint8_t*>(b.data);
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t n = n0; n < n1; n += kStreamSpan) {
+    const std::int64_t cols = std::min(kStreamSpan, n1 - n);
+    const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
+    for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
+    for (std::int64_t p0 = 0; p0 < pairs; p0 += kStreamBand) {
+      const std::int64_t p1 = std::min(pairs, p0 + kStreamBand);
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        const std::int64_t j = block * kBlock;
+        prefetch_rows(b, k0 + 2 * (p0 + kStreamBand), k0 + 2 * (p1 + kStreamBand), n, cols, 1,
+                      block, blocks);
+        __m512 acc[kRows][kNv];
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_load_ps(sums[i] + j + 16 * v);
+        }
+        for (std::int64_t s = p0; s < p1; ++s) {
+          const std::uint8_t* row = data + (k0 + 2 * s) * b.k_stride + n + j;
+          const bool second = 2 * s + 1 < kc;
+          std::int32_t a_pairs[kRows];
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) std::memcpy(&a_pairs[i], a + i * a_stride + 2 * s, 4);
+#pragma GCC unroll 2
+          for (int u = 0; u < kNv / 4; ++u) {
+            const __mmask64 mask = first_bytes(cols - j - 64 * u);
+            __m512i bv[4];
+            widen_fp8(_mm512_maskz_loadu_epi8(mask, row + 64 * u),
+                      _mm512_maskz_loadu_epi8(second ? mask : 0, row + b.k_stride + 64 * u),
+                      widener, bv);
+#pragma GCC unroll 4
+            for (int i = 0; i < kRows; ++i) {
+              const __m512i av = _mm512_set1_epi32(a_pairs[i]);
+#pragma GCC unroll 4
+              for (int v = 0; v < 4; ++v) {
+                acc[i][4 * u + v] =
+                    _mm512_dpbf16_ps(acc[i][4 * u + v], (__m512bh)av, (__m512bh)bv[v]);
+              }
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) _mm512_store_ps(sums[i] + j + 16 * v, acc[i][v]);
+        }
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      stream_store_span(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0), cols,
+                        first);
+    }
+  }
+}
+
+// Contraction-contiguous B: blocks of kCols columns, each column's run read 64 indices at a time
+// as two vectors of pairs, any dtype.
+template <DType kDtype, int kRows, int kCols>
+GMM_TARGET_AVX512BF16 void stream_bf16_runs(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                                            std::int64_t k0, std::int64_t kc,
+                                            const std::uint16_t* a, std::int64_t a_stride, float* c,
+                                            std::int64_t ldc, const float* row_scales,
+                                            const float* col_scales, bool first) {
+  const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
+  for (std::int64_t n = n0; n < n1; n += kCols) {
+    const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
+    __m512 acc[kRows][kCols];
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (std::int64_t k = 0; k < kc; k += 64) {
+      __m512i av[kRows][2];
+#pragma GCC unroll 4
+      for (int i = 0; i < kRows; ++i) {
+        for (int h = 0; h < 2; ++h) {
+          av[i][h] =
+              _mm512_maskz_loadu_epi16(first_words(kc - k - 32 * h), a + i * a_stride + k + 32 * h);
+        }
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) {
+        if (j >= cols) break;
+        const std::int64_t index = (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
+        _mm_prefetch(static_cast<const char*>(b.data) + (index + 256) * element, _MM_HINT_T1);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m512i bv = run_pairs<kDtype>(b.data, index + 32 * h, kc - k - 32 * h);
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) {
+            acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av[i][h], (__m512bh)bv);
+          }
+        }
+      }
+    }
+    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
+                                    first);
+  }
+}
+
+// Contraction-contiguous fp8 B: blocks of kCols columns (even), two columns' runs of 64
+// indices widened per widen_fp8.
+template <DType kFp8, int kRows, int kCols>
+GMM_TARGET_AVX512VBMI void stream_bf16_runs_fp8(const PanelSource& b, std::int64_t n0,
+                                                std::int64_t n1, std::int64_t k0, std::int64_t kc,
+                                                const std::uint16_t* a, std::int64_t a_stride,
+                                                float* c, std::int64_t ldc, const float* row_scales,
+                                                const float* col_scales, bool first) {
+  const Fp8Widener widener = fp8_widener<kFp8>(true);
+  const auto* data = static_cast<const std::uint8_t*>(b.data);
+  for (std::int64_t n = n0; n < n1; n += kCols) {
+    const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
+    __m512 acc[kRows][kCols];
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (std::int64_t k = 0; k < kc; k += 64) {
+      const __mmask64 mask = first_bytes(kc - k);
+      __m512i av[kRows][2];
+#pragma GCC unroll 4
+      for (int i = 0; i < kRows; ++i) {
+        for (int h = 0; h < 2; ++h) {
+          av[i][h] =
+              _mm512_maskz_loadu_epi16(first_words(kc - k - 32 * h), a + i * a_stride + k + 32 * h);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < kCols; j += 2) {
+        if (j >= cols) break;
+        const std::uint8_t* x = data + (n + j) * b.lane_stride + k0 + k;
+        _mm_prefetch(reinterpret_cast<const char*>(x + 256), _MM_HINT_T1);
+        if (j + 1 < cols)
+          _mm_prefetch(reinterpret_cast<const char*>(x + b.lane_stride + 256), _MM_HINT_T1);
+        __m512i bv[4];  // column j's then j + 1's pairs of k .. k + 31, then of k + 32 .. k + 63
+        widen_fp8(_mm512_maskz_loadu_epi8(mask, x),
+                  _mm512_maskz_loadu_epi8(j + 1 < cols ? mask : 0, x + b.lane_stride), widener, bv);
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {
+            acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av[i][h], (__m512bh)bv[2 * h]);
+            acc[i][j + 1] =
+                _mm512_dpbf16_ps(acc[i][j + 1], (__m512bh)av[i][h], (__m512bh)bv[2 * h + 1]);
+          }
+        }
+      }
+    }
+    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
+                                    first);
+  }
+}
+
+// ---- fp32 FMA kernels (the AVX-512F kit) ------------------------------------------------------
+
+// Lanes-contiguous B (see kStreamBand, a band here being 2 * kStreamBand contraction indices):
+// blocks of 16 * kNv columns, one vector per 16 columns and contraction index, widened exactly
+// from any dtype.
+template <DType kDtype, int kRows, int kNv>
+GMM_TARGET_AVX512 void stream_f32_lanes(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                                        std::int64_t k0, std::int64_t kc, const float* a,
+                                        std::int64_t a_stride, float* c, std::int64_t ldc,
+                                        const float* row_scales, const float* col_scales,
+                                        bool first) {
+  constexpr std::int64_t kBlock = 16 * kNv, kBandRows = 2 * kStreamBand;
+  alignas(64) float sums[kRows][kStreamSpan];
+  const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
+  for (std::int64_t n = n0; n < n1; n += kStreamSpan) {
+    const std::int64_t cols = std::min(kStreamSpan, n1 - n);
+    const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
+    for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
+    for (std::int64_t r0 = 0; r0 < kc; r0 += kBandRows) {
+      const std::int64_t r1 = std::min(kc, r0 + kBandRows);
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        const std::int64_t j = block * kBlock;
+        prefetch_rows(b, k0 + r0 + kBandRows, k0 + r1 + kBandRows, n, cols, element, block, blocks);
+        __m512 acc[kRows][kNv];
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_load_ps(sums[i] + j + 16 * v);
+        }
+        for (std::int64_t k = r0; k < r1; ++k) {
+          const std::int64_t index = (k0 + k) * b.k_stride + (n + j) * b.lane_stride;
+          __m512 bv[kNv];
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) {
+            bv[v] = load16_lanes<kDtype>(b, index + 16 * v * b.lane_stride,
+                                         first_lanes(cols - j - 16 * v));
+          }
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) {
+            const __m512 av = _mm512_set1_ps(a[i * a_stride + k]);
+#pragma GCC unroll 8
+            for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) _mm512_store_ps(sums[i] + j + 16 * v, acc[i][v]);
+        }
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      stream_store_span(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0), cols,
+                        first);
+    }
+  }
+}
+
+// Contraction-contiguous B: blocks of kCols columns, each column's run read 64 indices at a time
+// as four vectors, widened exactly from any dtype.
+template <DType kDtype, int kRows, int kCols>
+GMM_TARGET_AVX512 void stream_f32_runs(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                                       std::int64_t k0, std::int64_t kc, const float* a,
+                                       std::int64_t a_stride, float* c, std::int64_t ldc,
+                                       const float* row_scales, const float* col_scales,
+                                       bool first) {
+  const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
+  for (std::int64_t n = n0; n < n1; n += kCols) {
+    const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
+    __m512 acc[kRows][kCols];
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (std::int64_t k = 0; k < kc; k += 64) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) {
+        if (j >= cols) break;
+        const std::int64_t index = (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
+        _mm_prefetch(static_cast<const char*>(b.data) + (index + 256) * element, _MM_HINT_T1);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          const __mmask16 mask = first_lanes(kc - k - 16 * q);
+          const __m512 bv = load16<kDtype>(b.data, index + 16 * q, mask);
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) {
+            const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
+            acc[i][j] = _mm512_fmadd_ps(av, bv, acc[i][j]);
+          }
+        }
+      }
+    }
+    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
+                                    first);
+  }
+}
+
+// ---- Dispatch -------------------------------------------------------------------------------
+
+// Picks the kernel of a row count: kRows = 1 .. 4.
+template <template <int> class kKernel>
+inline void stream_rows_dispatch(int rows, const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                                 std::int64_t k0, std::int64_t kc, const void* a,
+                                 std::int64_t a_stride, float* c, std::int64_t ldc,
+                                 const float* row_scales, const float* col_scales, bool first) {
+  switch (rows) {
+    case 1:
+      return kKernel<1>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+    case 2:
+      return kKernel<2>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+    case 3:
+      return kKernel<3>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+    default:
+      return kKernel<4>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+  }
+}
+
+// Column blocking per row count: accumulators and widened B stay within the 32 registers.
+constexpr int stream_lane_vectors(int rows) { return rows <= 2 ? 8 : 4; }
+constexpr int stream_run_columns(int rows) { return rows == 1 ? 8 : 4; }
+
+// The row-count templates of each kernel family, with its B dtype and layout fixed.
+template <DType kDtype, bool kRuns, bool kFp8Tables>
+struct StreamBf16 {
+  template <int kRows>
+  struct Kernel {
+    static void run(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
+                    std::int64_t kc, const void* a, std::int64_t a_stride, float* c,
+                    std::int64_t ldc, const float* row_scales, const float* col_scales,
+                    bool first) {
+      const auto* pairs = static_cast<const std::uint16_t*>(a);
+      constexpr int kNv = stream_lane_vectors(kRows), kCols = stream_run_columns(kRows);
+      if constexpr (kRuns && kFp8Tables) {
+        stream_bf16_runs_fp8<kDtype, kRows, kCols>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
+                                                   row_scales, col_scales, first);
+      } else if constexpr (kRuns) {
+        stream_bf16_runs<kDtype, kRows, kCols>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
+                                               row_scales, col_scales, first);
+      } else if constexpr (kFp8Tables) {
+        stream_bf16_lanes_fp8<kDtype, kRows, kNv>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
+                                                  row_scales, col_scales, first);
+      } else {
+        stream_bf16_lanes<kDtype, kRows, kNv>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
+                                              row_scales, col_scales, first);
+      }
+    }
+  };
+};
+
+template <DType kDtype, bool kRuns>
+struct StreamF32 {
+  template <int kRows>
+  struct Kernel {
+    static void run(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
+                    std::int64_t kc, const void* a, std::int64_t a_stride, float* c,
+                    std::int64_t ldc, const float* row_scales, const float* col_scales,
+                    bool first) {
+      const auto* values = static_cast<const float*>(a);
+      if constexpr (kRuns) {
+        stream_f32_runs<kDtype, kRows, stream_run_columns(kRows)>(
+            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
+      } else {
+        stream_f32_lanes<kDtype, kRows, stream_lane_vectors(kRows)>(
+            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
+      }
+    }
+  };
+};
+
+// KernelKit::stream of the AVX512_BF16 (and AMX) kits: B's dtype and layout pick the kernel;
+// fp8 with contiguous columns or runs widens through the vpermi2b tables where the CPU has
+// AVX512_VBMI.
+inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                               std::int64_t k0, std::int64_t kc, const void* a,
+                               std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
+                               const float* row_scales, const float* col_scales, bool first) {
+  const bool runs = b.k_stride == 1;
+  const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
+#define GMM_STREAM(D, RUNS, TABLES)                                          \
+  return stream_rows_dispatch<StreamBf16<D, RUNS, TABLES>::template Kernel>( \
+      rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
+#define GMM_STREAM_LAYOUTS(D, TABLES)    \
+  if (runs) GMM_STREAM(D, true, TABLES); \
+  GMM_STREAM(D, false, TABLES)
+  switch (b.dtype) {
+    case DType::f32:
+      GMM_STREAM_LAYOUTS(DType::f32, false);
+    case DType::bf16:
+      GMM_STREAM_LAYOUTS(DType::bf16, false);
+    case DType::float8_e4m3fn:
+      if (tables) GMM_STREAM_LAYOUTS(DType::float8_e4m3fn, true);
+      GMM_STREAM_LAYOUTS(DType::float8_e4m3fn, false);
+    case DType::float8_e5m2:
+      if (tables) GMM_STREAM_LAYOUTS(DType::float8_e5m2, true);
+      GMM_STREAM_LAYOUTS(DType::float8_e5m2, false);
+    case DType::int8:
+      GMM_STREAM_LAYOUTS(DType::int8, false);
+  }
+#undef GMM_STREAM_LAYOUTS
+#undef GMM_STREAM
+}
+
+// KernelKit::stream of the AVX-512F kit: B's dtype and layout pick the kernel.
+inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                              std::int64_t k0, std::int64_t kc, const void* a,
+                              std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
+                              const float* row_scales, const float* col_scales, bool first) {
+  const bool runs = b.k_stride == 1;
+#define GMM_STREAM(D)                                                                 \
+  if (runs) {                                                                         \
+    return stream_rows_dispatch<StreamF32<D, true>::template Kernel>(                 \
+        rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first); \
+  }                                                                                   \
+  return stream_rows_dispatch<StreamF32<D, false>::template Kernel>(                  \
+      rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
+  switch (b.dtype) {
+    case DType::f32:
+      GMM_STREAM(DType::f32);
+    case DType::bf16:
+      GMM_STREAM(DType::bf16);
+    case DType::float8_e4m3fn:
+      GMM_STREAM(DType::float8_e4m3fn);
+    case DType::float8_e5m2:
+      GMM_STREAM(DType::float8_e5m2);
+    case DType::int8:
+      GMM_STREAM(DType::int8);
+  }
+#undef GMM_STREAM
+}
+
+}  // namespace gmm::kernels
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
