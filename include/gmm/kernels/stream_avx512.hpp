@@ -67,20 +67,15 @@ struct Fp8Bf16Bytes {
   }
 };
 
-// vpermt2b indices zipping two 64-byte vectors x, y of fp8 codes so that the in-lane byte
-// unpacks after the table lookups emit bf16 pairs in order. Lanes (x, y: contraction rows k and
-// k + 1 over 64 columns): zip h gives the pairs of columns 32h .. 32h + 31. Runs (x, y: the
-// contraction runs k .. k + 63 of two columns): zip h gives x's then y's pairs of contraction
-// 32h .. 32h + 31.
+// vpermt2b indices zipping the contraction runs k .. k + 63 of two columns (x, y) so that the
+// in-lane byte unpacks after the table lookups emit bf16 pairs in order: zip h gives x's then
+// y's pairs of contraction 32h .. 32h + 31.
 struct Fp8Zip {
-  alignas(64) std::uint8_t lanes[2][64];
   alignas(64) std::uint8_t runs[2][64];
   Fp8Zip() {
     for (int h = 0; h < 2; ++h) {
       for (int pos = 0; pos < 64; ++pos) {
         const int lane = pos / 16, i = pos % 16;
-        const int w = i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8;  // word of the output
-        lanes[h][pos] = static_cast<std::uint8_t>((w % 2) * 64 + 32 * h + w / 2);
         runs[h][pos] = static_cast<std::uint8_t>(i < 8 ? 32 * h + 8 * lane + i
                                                        : 64 + 32 * h + 8 * lane + i - 8);
       }
@@ -88,36 +83,48 @@ struct Fp8Zip {
   }
 };
 
-// The registers of the fp8 widening: the two halves of both lookup tables and the zips.
+// The registers of the fp8 widening: the two halves of both lookup tables and the run zips.
 struct Fp8Widener {
   __m512i high0, high1, low0, low1, zip0, zip1;
 };
 
 template <DType kFp8>
-GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener(bool runs) {
+GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener() {
   static const Fp8Bf16Bytes<kFp8> table;
   static const Fp8Zip zip;
-  const std::uint8_t(&order)[2][64] = runs ? zip.runs : zip.lanes;
-  return {_mm512_load_si512(table.high), _mm512_load_si512(table.high + 64),
-          _mm512_load_si512(table.low),  _mm512_load_si512(table.low + 64),
-          _mm512_load_si512(order[0]),   _mm512_load_si512(order[1])};
+  return {_mm512_load_si512(table.high),  _mm512_load_si512(table.high + 64),
+          _mm512_load_si512(table.low),   _mm512_load_si512(table.low + 64),
+          _mm512_load_si512(zip.runs[0]), _mm512_load_si512(zip.runs[1])};
 }
 
-// The four vectors of bf16 pairs of 128 fp8 codes (see Fp8Zip): per zip one vpermt2b, two
-// 128-entry lookups (vpermi2b, the sign bit merged back by one ternary logic op) and two
-// unpacks.
-GMM_TARGET_AVX512VBMI inline void widen_fp8(__m512i x, __m512i y, const Fp8Widener& t,
-                                            __m512i (&out)[4]) {
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {
-    const __m512i codes = _mm512_permutex2var_epi8(x, h == 0 ? t.zip0 : t.zip1, y);
-    const __m512i high = _mm512_ternarylogic_epi32(
-        _mm512_permutex2var_epi8(t.high0, codes, t.high1), codes, sign, 0xF8);
-    const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
-    out[2 * h] = _mm512_unpacklo_epi8(low, high);
-    out[2 * h + 1] = _mm512_unpackhi_epi8(low, high);
-  }
+// The bf16 words of 64 fp8 codes: two 128-entry lookups (vpermi2b, the sign bit merged back by
+// one ternary logic op), then the words of bytes 0..7 of each 128-bit lane (first) and of bytes
+// 8..15 (second).
+GMM_TARGET_AVX512VBMI inline void lookup_bf16(__m512i codes, const Fp8Widener& t, __m512i& first,
+                                              __m512i& second) {
+  const __m512i high =
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
+                                _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+  const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+  first = _mm512_unpacklo_epi8(low, high);
+  second = _mm512_unpackhi_epi8(low, high);
+}
+
+// bf16 pairs of two contraction rows x, y over 64 columns, zipped in-lane (no cross-lane
+// shuffle): out[v] holds in its 128-bit lane L the pairs of columns 16L + 4v .. 16L + 4v + 3
+// (stream_store_span_fp8 puts the columns back in order).
+GMM_TARGET_AVX512VBMI inline void widen_fp8_lanes(__m512i x, __m512i y, const Fp8Widener& t,
+                                                  __m512i (&out)[4]) {
+  lookup_bf16(_mm512_unpacklo_epi8(x, y), t, out[0], out[1]);
+  lookup_bf16(_mm512_unpackhi_epi8(x, y), t, out[2], out[3]);
+}
+
+// bf16 pairs of the contraction runs of two columns x, y (64 indices each): x's pairs of
+// contraction 0 .. 31, y's, x's of 32 .. 63, y's.
+GMM_TARGET_AVX512VBMI inline void widen_fp8_runs(__m512i x, __m512i y, const Fp8Widener& t,
+                                                 __m512i (&out)[4]) {
+  lookup_bf16(_mm512_permutex2var_epi8(x, t.zip0, y), t, out[0], out[1]);
+  lookup_bf16(_mm512_permutex2var_epi8(x, t.zip1, y), t, out[2], out[3]);
 }
 
 // Exact fp32 values of 16 lanes of B from element `index` on, contiguous or strided.
@@ -177,6 +184,26 @@ GMM_TARGET_AVX512 inline void stream_store_span(float* c, const float* acc, floa
                                         _mm512_maskz_loadu_ps(mask, col_scales + j));
     _mm512_mask_storeu_ps(
         c + j, mask, first ? scaled : _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c + j), scaled));
+  }
+}
+
+// stream_store_span for sums kept in widen_fp8_lanes' order: each 64 columns' four vectors are
+// put back in column order (a 4 x 4 transpose of 128-bit lanes) first.
+GMM_TARGET_AVX512 inline void stream_store_span_fp8(float* c, const float* sums, float row_scale,
+                                                    const float* col_scales, std::int64_t cols,
+                                                    bool first) {
+  alignas(64) float ordered[64];
+  for (std::int64_t j = 0; j < cols; j += 64) {
+    const __m512 q0 = _mm512_load_ps(sums + j), q1 = _mm512_load_ps(sums + j + 16);
+    const __m512 q2 = _mm512_load_ps(sums + j + 32), q3 = _mm512_load_ps(sums + j + 48);
+    const __m512 t0 = _mm512_shuffle_f32x4(q0, q1, 0x44), t1 = _mm512_shuffle_f32x4(q0, q1, 0xEE);
+    const __m512 t2 = _mm512_shuffle_f32x4(q2, q3, 0x44), t3 = _mm512_shuffle_f32x4(q2, q3, 0xEE);
+    _mm512_store_ps(ordered, _mm512_shuffle_f32x4(t0, t2, 0x88));
+    _mm512_store_ps(ordered + 16, _mm512_shuffle_f32x4(t0, t2, 0xDD));
+    _mm512_store_ps(ordered + 32, _mm512_shuffle_f32x4(t1, t3, 0x88));
+    _mm512_store_ps(ordered + 48, _mm512_shuffle_f32x4(t1, t3, 0xDD));
+    stream_store_span(c + j, ordered, row_scale, col_scales + j,
+                      std::min<std::int64_t>(64, cols - j), first);
   }
 }
 
@@ -257,7 +284,8 @@ GMM_TARGET_AVX512BF16 void stream_bf16_lanes(const PanelSource& b, std::int64_t 
 }
 
 // Lanes-contiguous fp8 B with contiguous columns (see kStreamBand): blocks of 16 * kNv columns
-// (kNv a multiple of 4), 64 columns of two contraction rows widened at a time by widen_fp8.
+// (kNv a multiple of 4), 64 columns of two contraction rows widened at a time by
+// widen_fp8_lanes (the sums are kept in its column order).
 template <DType kFp8, int kRows, int kNv>
 GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int64_t n0,
                                                  std::int64_t n1, std::int64_t k0, std::int64_t kc,
@@ -267,7 +295,7 @@ GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int6
                                                  bool first) {
   constexpr std::int64_t kBlock = 16 * kNv;
   alignas(64) float sums[kRows][kStreamSpan];
-  const Fp8Widener widener = fp8_widener<kFp8>(false);
+  const Fp8Widener widener = fp8_widener<kFp8>();
   const auto* data = static_cast<const std::uint8_t*>(b.data);
   const std::int64_t pairs = (kc + 1) / 2;
   for (std::int64_t n = n0; n < n1; n += kStreamSpan) {
@@ -296,9 +324,9 @@ GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int6
           for (int u = 0; u < kNv / 4; ++u) {
             const __mmask64 mask = first_bytes(cols - j - 64 * u);
             __m512i bv[4];
-            widen_fp8(_mm512_maskz_loadu_epi8(mask, row + 64 * u),
-                      _mm512_maskz_loadu_epi8(second ? mask : 0, row + b.k_stride + 64 * u),
-                      widener, bv);
+            widen_fp8_lanes(_mm512_maskz_loadu_epi8(mask, row + 64 * u),
+                            _mm512_maskz_loadu_epi8(second ? mask : 0, row + b.k_stride + 64 * u),
+                            widener, bv);
 #pragma GCC unroll 4
             for (int i = 0; i < kRows; ++i) {
               const __m512i av = _mm512_set1_epi32(a_pairs[i]);
@@ -318,8 +346,8 @@ GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int6
       }
     }
     for (int i = 0; i < kRows; ++i) {
-      stream_store_span(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0), cols,
-                        first);
+      stream_store_span_fp8(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0),
+                            cols, first);
     }
   }
 }
@@ -371,14 +399,14 @@ GMM_TARGET_AVX512BF16 void stream_bf16_runs(const PanelSource& b, std::int64_t n
 }
 
 // Contraction-contiguous fp8 B: blocks of kCols columns (even), two columns' runs of 64
-// indices widened per widen_fp8.
+// indices widened at a time by widen_fp8_runs.
 template <DType kFp8, int kRows, int kCols>
 GMM_TARGET_AVX512VBMI void stream_bf16_runs_fp8(const PanelSource& b, std::int64_t n0,
                                                 std::int64_t n1, std::int64_t k0, std::int64_t kc,
                                                 const std::uint16_t* a, std::int64_t a_stride,
                                                 float* c, std::int64_t ldc, const float* row_scales,
                                                 const float* col_scales, bool first) {
-  const Fp8Widener widener = fp8_widener<kFp8>(true);
+  const Fp8Widener widener = fp8_widener<kFp8>();
   const auto* data = static_cast<const std::uint8_t*>(b.data);
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
@@ -406,8 +434,9 @@ GMM_TARGET_AVX512VBMI void stream_bf16_runs_fp8(const PanelSource& b, std::int64
         if (j + 1 < cols)
           _mm_prefetch(reinterpret_cast<const char*>(x + b.lane_stride + 256), _MM_HINT_T1);
         __m512i bv[4];  // column j's then j + 1's pairs of k .. k + 31, then of k + 32 .. k + 63
-        widen_fp8(_mm512_maskz_loadu_epi8(mask, x),
-                  _mm512_maskz_loadu_epi8(j + 1 < cols ? mask : 0, x + b.lane_stride), widener, bv);
+        widen_fp8_runs(_mm512_maskz_loadu_epi8(mask, x),
+                       _mm512_maskz_loadu_epi8(j + 1 < cols ? mask : 0, x + b.lane_stride), widener,
+                       bv);
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 2
