@@ -677,7 +677,7 @@ inline KernelKit avx512bf16_kit() {
   kit.stream_rows = 4;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
-  kit.tiles = {192, 512, 512};
+  kit.tiles = {512, 512, 512};
   return kit;
 }
 

@@ -60,10 +60,15 @@ inline OperandTrace tgmm_operand_trace(const Matrix& x, const std::optional<Quan
   return caller_operand_trace(x.dtype, x.scales);
 }
 
+// Lanes per tgmm task before the short-group widening below: wider bases (the bf16 kit's 512)
+// made the widened C tile outgrow L2 (2048 x 128 floats, 1 MiB) and dsv3-up's drhs 10% to 20%
+// slower than 192 (768 x 128).
+constexpr std::int64_t kShortGroupBaseLanes = 192;
+
 // tgmm's task blocking. Each task of tiles.m lanes of lhs re-packs (and re-quantizes) all of
 // its group's rhs, which weighs more against the product the fewer rows the groups have; so
 // unless Options::tiles asks otherwise, when the mean group is shorter than tiles.k, tasks take
-// up to 4x the lanes and as many times fewer columns (the fp32 tile of C keeps its size and the
+// up to 4x the lanes (of at most kShortGroupBaseLanes) and as many times fewer columns (the
 // packed lhs chunk stays within tiles.m x tiles.k).
 inline Tiles tgmm_tiles(const Product& product, const Options& options, const GroupRows& groups) {
   Tiles tiles = product.tiles;
@@ -78,7 +83,8 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
   while (factor < 4 && (factor * 2) * rows <= tiles.k * used && tiles.n / (factor * 2) >= 2 * nr) {
     factor *= 2;
   }
-  tiles.m *= factor;
+  if (factor == 1) return tiles;
+  tiles.m = round_up(std::min(tiles.m, kShortGroupBaseLanes) * factor, product.kit.format.mr);
   tiles.n = round_up(tiles.n / factor, nr);
   return tiles;
 }
