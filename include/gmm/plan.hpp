@@ -71,28 +71,27 @@ struct PassShape {
 // when the shape's rows per group is at most v1_max_rows_per_group[p][a] and v1 was compiled
 // for at least v1_min_isa; v2 otherwise (a negative bound: never v1).
 //
-// The defaults come from gmm_bench at commit 7aeb4db (docs/performance.md, 2 threads; v1/v2 is
-// the ratio of their GFLOP/s on the same shape and recipe):
-// - fp32 fwd and dlhs: v1 is faster on every shape with at most 64 rows per group: decode (1
-//   row: fwd 1.79, dlhs 3.6), dsv3-up (16: 1.18, 1.18), dsv3-down (16: 1.02, 1.13), skewed (32
-//   mean, Zipf: 1.12, 1.11), gptoss (64: 1.04, 1.13), qwen3-30b (64: 1.02, 1.04); v2 is faster
-//   on mixtral (256: 0.87, 0.92). The bound, 128, sits between. compute-bound (one group of 1024
-//   rows) is the exception the rule leaves to v2 (v1 1.18 there): Eigen's large fp32 GEMM beats
-//   v2's fp32 kernel whatever the grouping, which is the kernel's gap, not the plan's.
-// - fp32 drhs: v2 is faster on seven of eight shapes (v1/v2 0.73 to 0.89), level on
-//   compute-bound (1.05): never v1.
-// - bf16 and quantized (fp8 recipes): v2 is faster on every fwd and dlhs cell (v1/v2 0.16 to
-//   0.81) and on every drhs cell but decode (1 row per group), where the table has v1 ahead in
-//   bf16 (1.20) and fp8-static (1.10) and behind in fp8 and fp8-block (0.95); remeasured with 5
-//   repetitions: 1.05, 0.36, 0.88, 0.86. Never v1.
-// - v1_min_isa: the bounds hold for v1 compiled with AVX-512 (gmm_bench is built with
+// The defaults come from gmm_bench (docs/performance.md, 2026-12-03, commit 8cdf1be, AMD EPYC
+// Zen 4 with AVX-512 BF16, 2 threads; v1 compiled with -march=native, i.e. AVX-512; v1/v2 is the
+// ratio of their GFLOP/s on the same shape and recipe): v1 never leads by more than 1%, within
+// the run-to-run noise, so the rule never picks v1.
+// - fp32 fwd and dlhs, medians of 3 runs: v1/v2 1.00 and 0.75 on dsv3-up (16 rows per group),
+//   0.86 and 0.83 on dsv3-down, 0.86 and 0.74 on gptoss (64), 0.75 and 0.62 on qwen3-30b (64),
+//   0.83 and 0.86 on decode (1), 1.01 and 0.66 on skewed (32 mean, Zipf); single runs: 0.87 and
+//   0.78 on mixtral (256), 0.79 and 0.78 on compute-bound (1024). Before v2's streaming kernels
+//   for few rows, its column splitting and its A-panel-in-L1 loop order (measured on another
+//   machine, commit 7aeb4db), v1 led by 1.02 to 3.6 on the shapes with at most 64 rows per group
+//   and the bound was 128: a machine of your own may call for it again (PassOptions::auto_rule).
+// - fp32 drhs: v1/v2 0.55 to 0.95 on every shape.
+// - bf16 and quantized (fp8 recipes): v1/v2 0.10 to 0.50 on every fwd and dlhs cell, 0.28 to 0.75
+//   on every drhs cell (v1 multiplies dequantized fp32 tiles with Eigen).
+// - v1_min_isa: a rule that picks v1 holds for v1 compiled with AVX-512 (gmm_bench is built with
 //   -march=native); v2 picks its AVX-512 kernels at run time whatever the flags. Built without
-//   -march (Eigen with SSE2), v1/v2 in fp32 was 0.58 / 0.59 (fwd / dlhs) on dsv3-up and 0.57 /
-//   0.51 on skewed, but 1.22 / 4.7 on decode (one run on a loaded machine, commit 7554c87): v1
-//   is not safe there, so auto keeps to v2 (decode aside, the safe side).
+//   -march (Eigen with SSE2), v1/v2 in fp32 was 0.51 to 0.59 on dsv3-up and skewed (commit
+//   7554c87), so such a rule keeps to v2 there.
 struct AutoThresholds {
   // [pass (fwd, dlhs, drhs)][arithmetic (fp32, bf16, quantized)]
-  double v1_max_rows_per_group[3][3] = {{128, -1, -1}, {128, -1, -1}, {-1, -1, -1}};
+  double v1_max_rows_per_group[3][3] = {{-1, -1, -1}, {-1, -1, -1}, {-1, -1, -1}};
   Isa v1_min_isa = Isa::avx512f;
 };
 

@@ -120,7 +120,7 @@ TEST(PlanRouting, DlhsOutputIsTheNamedFamilysOwn) {
 
 // The auto plan through the layer: each pass runs, per the kernel's own trace, the family
 // auto_family names for the shape and arithmetic the layer presents, and the results match the
-// oracle. Where the documented bounds pick v1 (fp32 arithmetic, few rows per group: the small
+// oracle. Where the rule's bounds pick v1 (fp32 arithmetic, few rows per group: the small
 // layer has 71 rows in 2 of its 3 local groups) v1 is what ran; bf16 and fp8 passes run v2. The
 // bounds apply whatever v1 was compiled for (test builds have no AVX-512 flags).
 TEST(PlanRouting, AutoRunsWhatItsRuleNamesForEachPass) {
@@ -171,9 +171,9 @@ TEST(PlanRouting, AutoCountsOnlyGroupsThatOwnRows) {
   PassOptions options;
   options.auto_rule = auto_bounds_on_any_build();
   const double bound =
-      auto_thresholds
+      options.auto_rule
           .v1_max_rows_per_group[static_cast<int>(Pass::fwd)][static_cast<int>(Arithmetic::fp32)];
-  ASSERT_GE(bound, 1.0) << "the documented rule runs fp32 fwd with few rows per group on v1";
+  ASSERT_GE(bound, 1.0) << "the rule runs fp32 fwd with few rows per group on v1";
   const auto rows = static_cast<std::int32_t>(bound) + 1;
   const std::int32_t quarter = rows / 4;
   const std::vector<std::int32_t> one_group = {0, rows, 0, 0};
