@@ -80,9 +80,11 @@ struct Workspace {
   }
 };
 
-// One unit of parallel work: C rows [a0, a1) and columns [n0, n1) of one job, whole contraction.
+// One unit of parallel work: C rows [a0, a1) and columns [n0, n1) of one job, whole contraction;
+// `stream`: run on the kit's streaming kernel (streams()), else on the packed path.
 struct Task {
   std::int64_t job = 0, a0 = 0, a1 = 0, n0 = 0, n1 = 0;
+  bool stream = false;
 };
 
 // True when an operand enters the product exactly representable in bf16.
@@ -422,7 +424,7 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
     if (streams(p, job, t.a1 - t.a0)) {
       const std::int64_t columns = stream_columns(job.b.source);
       for (std::int64_t n = 0; n < p.n; n += columns) {
-        tasks.push_back({t.job, t.a0, t.a1, n, std::min(p.n, n + columns)});
+        tasks.push_back({t.job, t.a0, t.a1, n, std::min(p.n, n + columns), true});
       }
       continue;
     }
@@ -521,14 +523,14 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
                });
 
   std::vector<Task> tasks = split_tasks(p, threads);
-  for (const Task& t : tasks) p.streamed_tasks += streams(p, p.jobs[t.job], t.a1 - t.a0);
+  for (const Task& t : tasks) p.streamed_tasks += t.stream;
   const int workers = static_cast<int>(std::max<std::int64_t>(
       1, std::min<std::int64_t>(threads, static_cast<std::int64_t>(tasks.size()))));
   *threads_used = workers;
   std::vector<Workspace> spaces(static_cast<std::size_t>(workers));
   parallel_for(static_cast<std::int64_t>(tasks.size()), workers, [&](std::int64_t i, int worker) {
     const Task& t = tasks[i];
-    if (streams(p, p.jobs[t.job], t.a1 - t.a0)) {
+    if (t.stream) {
       run_stream_task(p, t, spaces[worker]);
     } else {
       run_task(p, t, spaces[worker]);
