@@ -131,7 +131,20 @@ TEST(V2Kernels, PackersMatchReference) {
       {DType::bf16, true, QType::int8},
   };
   const std::int64_t lanes_total = 45, k_total = 131;
+  std::vector<KernelKit> packer_kits = kits();
+#if GMM_KERNELS_X86
+  // The generic B packer of the bf16-pair kits (what CPUs without AVX512_VBMI run for fp8 and
+  // bf16 weights), called directly.
   for (const KernelKit& kit : kits()) {
+    if (kit.format.element != PackedElement::bf16) continue;
+    KernelKit generic = kit;
+    generic.pack_b = kit.format.step_multiple == 1
+                         ? kernels::pack_avx512<PackedElement::bf16, PanelOrder::step_major, 1>
+                         : kernels::pack_avx512<PackedElement::bf16, PanelOrder::step_major, 16>;
+    packer_kits.push_back(generic);
+  }
+#endif
+  for (const KernelKit& kit : packer_kits) {
     for (const PackCase& c : cases) {
       // bf16 packed panels only ever see data exact in bf16.
       if (kit.format.element == PackedElement::bf16 && c.dtype == DType::f32 && !c.quantize) {

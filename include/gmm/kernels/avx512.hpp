@@ -202,6 +202,18 @@ inline __mmask16 first_lanes(std::int64_t count) {
                       : static_cast<__mmask16>((1u << count) - 1);
 }
 
+inline __mmask32 first_words(std::int64_t count) {
+  return count >= 32  ? static_cast<__mmask32>(0xFFFFFFFFu)
+         : count <= 0 ? static_cast<__mmask32>(0)
+                      : static_cast<__mmask32>((1u << count) - 1);
+}
+
+inline __mmask64 first_bytes(std::int64_t count) {
+  return count >= 64  ? static_cast<__mmask64>(~0ull)
+         : count <= 0 ? static_cast<__mmask64>(0)
+                      : static_cast<__mmask64>((1ull << count) - 1);
+}
+
 // bf16 bits of 16 values exact in bf16 (canonical NaNs), as 16 words.
 GMM_TARGET_AVX512 inline __m256i to_bf16_words(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
@@ -318,9 +330,8 @@ GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width
   }
 }
 
-// How many contraction steps ahead the B packer prefetches its source rows: each step starts a
-// new row (often a new page), which the hardware prefetchers do not follow.
-constexpr std::int64_t kPrefetchSteps = 6;
+// Contraction steps the B packers pack lane group after lane group (see pack_avx512_typed).
+constexpr std::int64_t kPackStepBlock = 8;
 
 // Packs panels. A panels (lane-major) read each lane's contraction run; B panels (step-major)
 // read contraction index by index across all panels' lanes, so a source with contiguous lanes
@@ -364,12 +375,16 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
       for (std::int64_t lane = 0; lane < lanes; ++lane)
         reciprocals[lane] = 1.0f / lane_scales[lane];
     }
-    for (std::int64_t s = 0; s < steps; ++s) {
+    // Steps in blocks of kPackStepBlock, 16 lanes after 16 lanes within a block: the stores of
+    // one step to all panels would lie a whole panel apart (one L1 set), a lane group's stay
+    // sequential; the block's source rows stay in L1, and the next block's are prefetched.
+    const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
+    for (std::int64_t s0 = 0; s0 < steps; s0 += kPackStepBlock) {
+      const std::int64_t s1 = std::min(steps, s0 + kPackStepBlock);
+      const std::int64_t ahead0 = (s0 + kPackStepBlock) * depth;
+      const std::int64_t ahead1 = std::min(kc, ahead0 + kPackStepBlock * depth);
       for (std::int64_t lane = 0; lane < panels * width; lane += 16) {
-        Element* dst =
-            packed + (lane / width) * padded_k * width + (s * width + lane % width) * depth;
         const __mmask16 live = first_lanes(lanes - lane);
-        const __mmask16 valid = s * depth < kc ? live : 0;
         QuantScale scale{};
         if constexpr (kQuantize) {
           scale.scale = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, lane_scales + lane);
@@ -377,23 +392,29 @@ GMM_TARGET_AVX512 void pack_avx512_typed(const PanelSource& src, int width, std:
               _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), live, reciprocals.data() + lane);
           scale.moderate = moderate_scales(scale.scale);
         }
-        const std::int64_t base =
-            (lane0 + lane) * src.lane_stride + (k0 + s * depth) * src.k_stride;
-        if (src.lane_stride == 1 && (s + kPrefetchSteps) * depth < kc) {
-          _mm_prefetch(
-              static_cast<const char*>(src.data) + (base + kPrefetchSteps * depth * src.k_stride) *
-                                                       static_cast<std::int64_t>(size_of(kDtype)),
-              _MM_HINT_T0);
+        if (src.lane_stride == 1 && (lane * element) % 64 == 0) {
+          for (std::int64_t row = ahead0; row < ahead1; ++row) {
+            _mm_prefetch(static_cast<const char*>(src.data) +
+                             ((lane0 + lane) + (k0 + row) * src.k_stride) * element,
+                         _MM_HINT_T0);
+          }
         }
-        const __m512 v0 = LoadQuantized::run<kDtype, kQ, kQuantize>(src.data, base, src.lane_stride,
-                                                                    valid, scale);
-        if constexpr (kElement == PackedElement::f32) {
-          _mm512_storeu_ps(dst, v0);
-        } else {
-          const __mmask16 second = s * 2 + 1 < kc ? live : 0;
-          const __m512 v1 = LoadQuantized::run<kDtype, kQ, kQuantize>(
-              src.data, base + src.k_stride, src.lane_stride, second, scale);
-          _mm512_storeu_si512(dst, to_bf16_pairs(v0, v1));
+        for (std::int64_t s = s0; s < s1; ++s) {
+          Element* dst =
+              packed + (lane / width) * padded_k * width + (s * width + lane % width) * depth;
+          const __mmask16 valid = s * depth < kc ? live : 0;
+          const std::int64_t base =
+              (lane0 + lane) * src.lane_stride + (k0 + s * depth) * src.k_stride;
+          const __m512 v0 = LoadQuantized::run<kDtype, kQ, kQuantize>(
+              src.data, base, src.lane_stride, valid, scale);
+          if constexpr (kElement == PackedElement::f32) {
+            _mm512_storeu_ps(dst, v0);
+          } else {
+            const __mmask16 second = s * 2 + 1 < kc ? live : 0;
+            const __m512 v1 = LoadQuantized::run<kDtype, kQ, kQuantize>(
+                src.data, base + src.k_stride, src.lane_stride, second, scale);
+            _mm512_storeu_si512(dst, to_bf16_pairs(v0, v1));
+          }
         }
       }
     }
@@ -634,8 +655,12 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
   }
 }
 
-// KernelKit::stream of the two kits below, defined in kernels/stream_avx512.hpp (included at the
-// end of this header).
+// KernelKit::pack_b of the bf16-pair kits, defined in kernels/fp8_avx512.hpp, and
+// KernelKit::stream of the two kits below, defined in kernels/stream_avx512.hpp (both included
+// at the end of this header).
+template <int kStepMultiple>
+void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
+                       std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out);
 inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
                               std::int64_t k0, std::int64_t kc, const void* a,
                               std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
@@ -669,7 +694,7 @@ inline KernelKit avx512bf16_kit() {
   kit.isa = Isa::avx512bf16;
   kit.format = {PackedElement::bf16, 8, 32, 2};
   kit.pack_a = pack_avx512<PackedElement::bf16, PanelOrder::lane_major>;
-  kit.pack_b = pack_avx512<PackedElement::bf16, PanelOrder::step_major>;
+  kit.pack_b = pack_b_bf16_pairs<1>;
   kit.kernel = kernel_avx512_bf16<8, 2>;
   kit.few_rows_kernel = kernel_avx512_bf16<4, 2>;
   kit.few_rows = 4;
@@ -687,5 +712,6 @@ inline KernelKit avx512bf16_kit() {
 #pragma GCC diagnostic pop
 #endif
 
+#include "gmm/kernels/fp8_avx512.hpp"
 #include "gmm/kernels/stream_avx512.hpp"
 #endif

@@ -9,12 +9,10 @@
 #include "gmm/kernels/avx512.hpp"
 #include "gmm/kernels/cpu.hpp"
 #include "gmm/kernels/format.hpp"
+#include "gmm/kernels/fp8_avx512.hpp"
 #include "gmm/kernels/reference.hpp"
 
 #if GMM_KERNELS_X86
-#define GMM_TARGET_AVX512VBMI \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16,avx512vbmi")))
-
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -37,95 +35,6 @@ namespace gmm::kernels {
 // whole (each row is a new page of the weights, which the hardware prefetchers do not follow).
 constexpr std::int64_t kStreamSpan = 4096;
 constexpr std::int64_t kStreamBand = 8;
-
-inline __mmask32 first_words(std::int64_t count) {
-  return count >= 32  ? static_cast<__mmask32>(0xFFFFFFFFu)
-         : count <= 0 ? static_cast<__mmask32>(0)
-                      : static_cast<__mmask32>((1u << count) - 1);
-}
-
-inline __mmask64 first_bytes(std::int64_t count) {
-  return count >= 64  ? static_cast<__mmask64>(~0ull)
-         : count <= 0 ? static_cast<__mmask64>(0)
-                      : static_cast<__mmask64>((1ull << count) - 1);
-}
-
-// bf16 bits of the 128 fp8 magnitudes, split into high and low bytes: the tables of the
-// vpermi2b widening here and in the AMX fp8 packer (NaN codes give the canonical quiet NaN, e5m2
-// infinities stay infinite).
-template <DType kFp8>
-struct Fp8Bf16Bytes {
-  alignas(64) std::uint8_t high[128];
-  alignas(64) std::uint8_t low[128];
-  Fp8Bf16Bytes() {
-    for (int m = 0; m < 128; ++m) {
-      const std::uint8_t code = static_cast<std::uint8_t>(m);
-      const std::uint16_t bits = bf16_bits(load_as_float(&code, kFp8, 0));
-      high[m] = static_cast<std::uint8_t>(bits >> 8);
-      low[m] = static_cast<std::uint8_t>(bits & 0xFF);
-    }
-  }
-};
-
-// vpermt2b indices zipping the contraction runs k .. k + 63 of two columns (x, y) so that the
-// in-lane byte unpacks after the table lookups emit bf16 pairs in order: zip h gives x's then
-// y's pairs of contraction 32h .. 32h + 31.
-struct Fp8Zip {
-  alignas(64) std::uint8_t runs[2][64];
-  Fp8Zip() {
-    for (int h = 0; h < 2; ++h) {
-      for (int pos = 0; pos < 64; ++pos) {
-        const int lane = pos / 16, i = pos % 16;
-        runs[h][pos] = static_cast<std::uint8_t>(i < 8 ? 32 * h + 8 * lane + i
-                                                       : 64 + 32 * h + 8 * lane + i - 8);
-      }
-    }
-  }
-};
-
-// The registers of the fp8 widening: the two halves of both lookup tables and the run zips.
-struct Fp8Widener {
-  __m512i high0, high1, low0, low1, zip0, zip1;
-};
-
-template <DType kFp8>
-GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener() {
-  static const Fp8Bf16Bytes<kFp8> table;
-  static const Fp8Zip zip;
-  return {_mm512_load_si512(table.high),  _mm512_load_si512(table.high + 64),
-          _mm512_load_si512(table.low),   _mm512_load_si512(table.low + 64),
-          _mm512_load_si512(zip.runs[0]), _mm512_load_si512(zip.runs[1])};
-}
-
-// The bf16 words of 64 fp8 codes: two 128-entry lookups (vpermi2b, the sign bit merged back by
-// one ternary logic op), then the words of bytes 0..7 of each 128-bit lane (first) and of bytes
-// 8..15 (second).
-GMM_TARGET_AVX512VBMI inline void lookup_bf16(__m512i codes, const Fp8Widener& t, __m512i& first,
-                                              __m512i& second) {
-  const __m512i high =
-      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
-                                _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
-  const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
-  first = _mm512_unpacklo_epi8(low, high);
-  second = _mm512_unpackhi_epi8(low, high);
-}
-
-// bf16 pairs of two contraction rows x, y over 64 columns, zipped in-lane (no cross-lane
-// shuffle): out[v] holds in its 128-bit lane L the pairs of columns 16L + 4v .. 16L + 4v + 3
-// (stream_store_span_fp8 puts the columns back in order).
-GMM_TARGET_AVX512VBMI inline void widen_fp8_lanes(__m512i x, __m512i y, const Fp8Widener& t,
-                                                  __m512i (&out)[4]) {
-  lookup_bf16(_mm512_unpacklo_epi8(x, y), t, out[0], out[1]);
-  lookup_bf16(_mm512_unpackhi_epi8(x, y), t, out[2], out[3]);
-}
-
-// bf16 pairs of the contraction runs of two columns x, y (64 indices each): x's pairs of
-// contraction 0 .. 31, y's, x's of 32 .. 63, y's.
-GMM_TARGET_AVX512VBMI inline void widen_fp8_runs(__m512i x, __m512i y, const Fp8Widener& t,
-                                                 __m512i (&out)[4]) {
-  lookup_bf16(_mm512_permutex2var_epi8(x, t.zip0, y), t, out[0], out[1]);
-  lookup_bf16(_mm512_permutex2var_epi8(x, t.zip1, y), t, out[2], out[3]);
-}
 
 // Exact fp32 values of 16 lanes of B from element `index` on, contiguous or strided.
 template <DType kDtype>

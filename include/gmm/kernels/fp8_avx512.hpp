@@ -1,0 +1,238 @@
+// fp8 to bf16 widening by 128-entry table lookups (AVX512_VBMI vpermi2b), shared by the B packers
+// of the bf16-pair kits and the streaming kernels, and those B packers themselves.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gmm/kernels/avx512.hpp"
+#include "gmm/kernels/cpu.hpp"
+#include "gmm/kernels/format.hpp"
+#include "gmm/kernels/reference.hpp"
+
+#if GMM_KERNELS_X86
+#define GMM_TARGET_AVX512VBMI \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16,avx512vbmi")))
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace gmm::kernels {
+
+// bf16 bits of the 128 fp8 magnitudes, split into high and low bytes: the tables of every
+// vpermi2b widening (NaN codes give the canonical quiet NaN, e5m2 infinities stay infinite).
+template <DType kFp8>
+struct Fp8Bf16Bytes {
+  alignas(64) std::uint8_t high[128];
+  alignas(64) std::uint8_t low[128];
+  Fp8Bf16Bytes() {
+    for (int m = 0; m < 128; ++m) {
+      const std::uint8_t code = static_cast<std::uint8_t>(m);
+      const std::uint16_t bits = bf16_bits(load_as_float(&code, kFp8, 0));
+      high[m] = static_cast<std::uint8_t>(bits >> 8);
+      low[m] = static_cast<std::uint8_t>(bits & 0xFF);
+    }
+  }
+};
+
+// vpermt2b indices zipping the contraction runs k .. k + 63 of two columns (x, y) so that the
+// in-lane byte unpacks after the table lookups emit bf16 pairs in order: zip h gives x's then
+// y's pairs of contraction 32h .. 32h + 31.
+struct Fp8Zip {
+  alignas(64) std::uint8_t runs[2][64];
+  Fp8Zip() {
+    for (int h = 0; h < 2; ++h) {
+      for (int pos = 0; pos < 64; ++pos) {
+        const int lane = pos / 16, i = pos % 16;
+        runs[h][pos] = static_cast<std::uint8_t>(i < 8 ? 32 * h + 8 * lane + i
+                                                       : 64 + 32 * h + 8 * lane + i - 8);
+      }
+    }
+  }
+};
+
+// The registers of the fp8 widening: the two halves of both lookup tables and the run zips.
+struct Fp8Widener {
+  __m512i high0, high1, low0, low1, zip0, zip1;
+};
+
+template <DType kFp8>
+GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener() {
+  static const Fp8Bf16Bytes<kFp8> table;
+  static const Fp8Zip zip;
+  return {_mm512_load_si512(table.high),  _mm512_load_si512(table.high + 64),
+          _mm512_load_si512(table.low),   _mm512_load_si512(table.low + 64),
+          _mm512_load_si512(zip.runs[0]), _mm512_load_si512(zip.runs[1])};
+}
+
+// The bf16 words of 64 fp8 codes: two 128-entry lookups (vpermi2b, the sign bit merged back by
+// one ternary logic op), then the words of bytes 0..7 of each 128-bit lane (first) and of bytes
+// 8..15 (second).
+GMM_TARGET_AVX512VBMI inline void lookup_bf16(__m512i codes, const Fp8Widener& t, __m512i& first,
+                                              __m512i& second) {
+  const __m512i high =
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
+                                _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+  const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+  first = _mm512_unpacklo_epi8(low, high);
+  second = _mm512_unpackhi_epi8(low, high);
+}
+
+// bf16 pairs of two contraction rows x, y over 64 columns, zipped in-lane (no cross-lane
+// shuffle): out[v] holds in its 128-bit lane L the pairs of columns 16L + 4v .. 16L + 4v + 3
+// (stream_store_span_fp8 puts the columns back in order).
+GMM_TARGET_AVX512VBMI inline void widen_fp8_lanes(__m512i x, __m512i y, const Fp8Widener& t,
+                                                  __m512i (&out)[4]) {
+  lookup_bf16(_mm512_unpacklo_epi8(x, y), t, out[0], out[1]);
+  lookup_bf16(_mm512_unpackhi_epi8(x, y), t, out[2], out[3]);
+}
+
+// bf16 pairs of the contraction runs of two columns x, y (64 indices each): x's pairs of
+// contraction 0 .. 31, y's, x's of 32 .. 63, y's.
+GMM_TARGET_AVX512VBMI inline void widen_fp8_runs(__m512i x, __m512i y, const Fp8Widener& t,
+                                                 __m512i (&out)[4]) {
+  lookup_bf16(_mm512_permutex2var_epi8(x, t.zip0, y), t, out[0], out[1]);
+  lookup_bf16(_mm512_permutex2var_epi8(x, t.zip1, y), t, out[2], out[3]);
+}
+
+// Indices of one vpermb that byte-interleaves two 32-byte runs x (bytes 0..31) and y (32..63):
+// position 16L + i takes pair byte q = 8L + i (i < 8) or 32 + 8L + i - 8 (pair byte q is run
+// q % 2, lane q / 2), so that lookup_bf16's in-lane unpacks emit the bf16 pairs of lanes 0..15,
+// then of lanes 16..31, in order.
+struct Fp8PairZip {
+  alignas(64) std::uint8_t order[64];
+  Fp8PairZip() {
+    for (int pos = 0; pos < 64; ++pos) {
+      const int lane = pos / 16, i = pos % 16;
+      const int q = i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8;
+      order[pos] = static_cast<std::uint8_t>((q % 2) * 32 + q / 2);
+    }
+  }
+};
+
+// Indices of the two vpermt2w that interleave the words of two rows x, y of 32 bf16 values into
+// the pairs of lanes 0..15 (first) and 16..31 (second).
+struct Bf16PairZip {
+  alignas(64) std::uint16_t first[32], second[32];
+  Bf16PairZip() {
+    for (int i = 0; i < 16; ++i) {
+      first[2 * i] = static_cast<std::uint16_t>(i);
+      first[2 * i + 1] = static_cast<std::uint16_t>(32 + i);
+      second[2 * i] = static_cast<std::uint16_t>(16 + i);
+      second[2 * i + 1] = static_cast<std::uint16_t>(48 + i);
+    }
+  }
+};
+
+// Packs 32-lane B panels of bf16 pairs from an unquantized fp8 or bf16 source whose lanes are
+// contiguous ([K, N] weights), without a round trip through fp32: per pair of contraction rows
+// and panel, fp8 runs are byte-interleaved (vpermb) and widened by the table lookups, bf16 runs
+// word-interleaved (two vpermt2w). Steps are padded to a multiple of kStepMultiple with zeros.
+template <DType kDtype, int kStepMultiple>
+GMM_TARGET_AVX512VBMI void pack_b_pairs_lanes(const PanelSource& src, std::int64_t lane0,
+                                              std::int64_t lanes, std::int64_t k0, std::int64_t kc,
+                                              std::uint16_t* out) {
+  static_assert(kDtype == DType::bf16 || kDtype == DType::float8_e4m3fn ||
+                kDtype == DType::float8_e5m2);
+  constexpr bool kFp8 = kDtype != DType::bf16;
+  constexpr std::int64_t kElement = kFp8 ? 1 : 2;
+  static const Fp8PairZip fp8_zip;
+  static const Bf16PairZip bf16_zip;
+  Fp8Widener widener{};
+  __m512i zip0, zip1;
+  if constexpr (kFp8) {
+    widener = fp8_widener<kDtype>();
+    zip0 = _mm512_load_si512(fp8_zip.order);
+    zip1 = zip0;
+  } else {
+    zip0 = _mm512_load_si512(bf16_zip.first);
+    zip1 = _mm512_load_si512(bf16_zip.second);
+  }
+  const std::int64_t steps = ((kc + 1) / 2 + kStepMultiple - 1) / kStepMultiple * kStepMultiple;
+  const std::int64_t panels = (lanes + 31) / 32;
+  const auto* data = static_cast<const unsigned char*>(src.data);
+  // Steps are taken in blocks of kPackStepBlock and panel after panel within a block: each
+  // panel's stores stay sequential (the panels of one step lie a whole panel apart, which would
+  // put all of a step's stores in one L1 set), and the block's source rows stay in L1.
+  for (std::int64_t s0 = 0; s0 < steps; s0 += kPackStepBlock) {
+    const std::int64_t s1 = std::min(steps, s0 + kPackStepBlock);
+    const std::int64_t ahead0 = k0 + 2 * (s0 + kPackStepBlock);
+    const std::int64_t ahead1 = std::min(k0 + kc, ahead0 + 2 * kPackStepBlock);
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const __mmask32 live = first_words(lanes - 32 * p);
+      if ((32 * p * kElement) % 64 == 0) {  // the next block's lines this panel starts
+        for (std::int64_t row = ahead0; row < ahead1; ++row) {
+          _mm_prefetch(reinterpret_cast<const char*>(data) +
+                           (row * src.k_stride + lane0 + 32 * p) * kElement,
+                       _MM_HINT_T0);
+        }
+      }
+      for (std::int64_t s = s0; s < s1; ++s) {
+        const unsigned char* x = data + ((k0 + 2 * s) * src.k_stride + lane0) * kElement;
+        const unsigned char* y = x + src.k_stride * kElement;
+        const __mmask32 x_live = 2 * s < kc ? live : 0, y_live = 2 * s + 1 < kc ? live : 0;
+        std::uint16_t* dst = out + (p * steps + s) * 64;
+        if constexpr (kFp8) {
+          const __m256i xs = _mm256_maskz_loadu_epi8(x_live, x + 32 * p);
+          const __m256i ys = _mm256_maskz_loadu_epi8(y_live, y + 32 * p);
+          const __m512i codes =
+              _mm512_permutexvar_epi8(zip0, _mm512_inserti64x4(_mm512_castsi256_si512(xs), ys, 1));
+          __m512i first, second;
+          lookup_bf16(codes, widener, first, second);
+          _mm512_storeu_si512(dst, first);
+          _mm512_storeu_si512(dst + 32, second);
+        } else {
+          const __m512i xs = _mm512_maskz_loadu_epi16(x_live, x + 64 * p);
+          const __m512i ys = _mm512_maskz_loadu_epi16(y_live, y + 64 * p);
+          _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(xs, zip0, ys));
+          _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(xs, zip1, ys));
+        }
+      }
+    }
+  }
+}
+
+// The B packer of the bf16-pair kits (AVX512_BF16, AMX): pack_b_pairs_lanes for unquantized fp8
+// (where the CPU has AVX512_VBMI) and bf16 sources with contiguous lanes into 32-lane panels, the
+// generic AVX-512 packer otherwise. The panels are the same bits either way.
+template <int kStepMultiple>
+void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
+                       std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
+  if (src.lane_stride == 1 && !src.quantize && width == 32) {
+    auto* pairs = static_cast<std::uint16_t*>(out);
+    const bool tables = cpu_features().avx512vbmi;
+    switch (src.dtype) {
+      case DType::bf16:
+        if (tables) {
+          return pack_b_pairs_lanes<DType::bf16, kStepMultiple>(src, lane0, lanes, k0, kc, pairs);
+        }
+        break;
+      case DType::float8_e4m3fn:
+        if (tables) {
+          return pack_b_pairs_lanes<DType::float8_e4m3fn, kStepMultiple>(src, lane0, lanes, k0, kc,
+                                                                         pairs);
+        }
+        break;
+      case DType::float8_e5m2:
+        if (tables) {
+          return pack_b_pairs_lanes<DType::float8_e5m2, kStepMultiple>(src, lane0, lanes, k0, kc,
+                                                                       pairs);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  pack_avx512<PackedElement::bf16, PanelOrder::step_major, kStepMultiple>(src, width, lane0, lanes,
+                                                                          k0, kc, lane_scales, out);
+}
+
+}  // namespace gmm::kernels
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
