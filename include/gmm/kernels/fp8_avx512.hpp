@@ -195,15 +195,103 @@ GMM_TARGET_AVX512VBMI void pack_b_pairs_lanes(const PanelSource& src, std::int64
   }
 }
 
-// The B packer of the bf16-pair kits (AVX512_BF16, AMX): pack_b_pairs_lanes for unquantized fp8
-// (where the CPU has AVX512_VBMI) and bf16 sources with contiguous lanes into 32-lane panels, the
-// generic AVX-512 packer otherwise. The panels are the same bits either way.
+// Indices of one vpermb that puts two 32-byte contraction runs x (bytes 0..31) and y (32..63)
+// in the order lookup_bf16's in-lane unpacks need to emit x's 32 bf16 words in order (first),
+// then y's (second): position 16L + i takes x's byte 8L + i (i < 8) or y's byte 8L + i - 8.
+struct Fp8RunZip {
+  alignas(64) std::uint8_t order[64];
+  Fp8RunZip() {
+    for (int pos = 0; pos < 64; ++pos) {
+      const int lane = pos / 16, i = pos % 16;
+      order[pos] = static_cast<std::uint8_t>(i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8);
+    }
+  }
+};
+
+// Packs B panels of bf16 pairs from an unquantized fp8 or bf16 source whose contraction runs are
+// contiguous ([K, N] weights read transposed, dlhs): per 16 lanes and 32 contraction indices,
+// each lane's run becomes one vector of 16 pairs (fp8 widened two runs at a time by the table
+// lookups, bf16 loaded as is), and a 16 x 16 transpose of 32-bit pairs turns them into 16 steps.
+// Steps are padded to a multiple of kStepMultiple with zeros; width is a multiple of 16.
+template <DType kDtype, int kStepMultiple>
+GMM_TARGET_AVX512VBMI void pack_b_pairs_runs(const PanelSource& src, int width, std::int64_t lane0,
+                                             std::int64_t lanes, std::int64_t k0, std::int64_t kc,
+                                             std::uint16_t* out) {
+  static_assert(kDtype == DType::bf16 || kDtype == DType::float8_e4m3fn ||
+                kDtype == DType::float8_e5m2);
+  constexpr bool kFp8 = kDtype != DType::bf16;
+  constexpr std::int64_t kElement = kFp8 ? 1 : 2;
+  static const Fp8RunZip run_zip;
+  Fp8Widener widener{};
+  __m512i zip = _mm512_setzero_si512();
+  if constexpr (kFp8) {
+    widener = fp8_widener<kDtype>();
+    zip = _mm512_load_si512(run_zip.order);
+  }
+  const std::int64_t steps = ((kc + 1) / 2 + kStepMultiple - 1) / kStepMultiple * kStepMultiple;
+  const std::int64_t panels = (lanes + width - 1) / width;
+  const auto* data = static_cast<const unsigned char*>(src.data);
+  for (std::int64_t lane = 0; lane < panels * width; lane += 16) {
+    std::uint16_t* panel = out + (lane / width) * steps * width * 2 + (lane % width) * 2;
+    for (std::int64_t k = 0; k < 2 * steps; k += 32) {
+      const __mmask32 valid = first_words(kc - k);
+      __m512 r[16];
+#pragma GCC unroll 8
+      for (int i = 0; i < 16; i += 2) {
+        const unsigned char* x = data + ((lane0 + lane + i) * src.lane_stride + k0 + k) * kElement;
+        const unsigned char* y = x + src.lane_stride * kElement;
+        const __mmask32 x_valid = lane + i < lanes ? valid : 0;
+        const __mmask32 y_valid = lane + i + 1 < lanes ? valid : 0;
+        if (x_valid) _mm_prefetch(reinterpret_cast<const char*>(x + 256 * kElement), _MM_HINT_T0);
+        if (y_valid) _mm_prefetch(reinterpret_cast<const char*>(y + 256 * kElement), _MM_HINT_T0);
+        if constexpr (kFp8) {
+          const __m256i xs = _mm256_maskz_loadu_epi8(x_valid, x);
+          const __m256i ys = _mm256_maskz_loadu_epi8(y_valid, y);
+          __m512i first, second;
+          lookup_bf16(
+              _mm512_permutexvar_epi8(zip, _mm512_inserti64x4(_mm512_castsi256_si512(xs), ys, 1)),
+              widener, first, second);
+          r[i] = _mm512_castsi512_ps(first);
+          r[i + 1] = _mm512_castsi512_ps(second);
+        } else {
+          r[i] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(x_valid, x));
+          r[i + 1] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(y_valid, y));
+        }
+      }
+      transpose16(r);  // r[j]: the pairs of step k / 2 + j over the 16 lanes
+      const std::int64_t count = std::min<std::int64_t>(16, steps - k / 2);
+      for (std::int64_t j = 0; j < count; ++j) {
+        _mm512_storeu_ps(panel + (k / 2 + j) * width * 2, r[j]);
+      }
+    }
+  }
+}
+
+// The B packer of the bf16-pair kits (AVX512_BF16, AMX): where the CPU has AVX512_VBMI,
+// unquantized fp8 and bf16 sources go to pack_b_pairs_runs (contiguous contraction runs) or
+// pack_b_pairs_lanes (contiguous lanes, 32-lane panels); everything else to the generic AVX-512
+// packer. The panels are the same bits either way.
 template <int kStepMultiple>
 void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
                        std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
+  auto* pairs = static_cast<std::uint16_t*>(out);
+  const bool tables = cpu_features().avx512vbmi;
+  if (src.k_stride == 1 && !src.quantize && width % 16 == 0 && tables) {
+    switch (src.dtype) {
+      case DType::bf16:
+        return pack_b_pairs_runs<DType::bf16, kStepMultiple>(src, width, lane0, lanes, k0, kc,
+                                                             pairs);
+      case DType::float8_e4m3fn:
+        return pack_b_pairs_runs<DType::float8_e4m3fn, kStepMultiple>(src, width, lane0, lanes, k0,
+                                                                      kc, pairs);
+      case DType::float8_e5m2:
+        return pack_b_pairs_runs<DType::float8_e5m2, kStepMultiple>(src, width, lane0, lanes, k0,
+                                                                    kc, pairs);
+      default:
+        break;
+    }
+  }
   if (src.lane_stride == 1 && !src.quantize && width == 32) {
-    auto* pairs = static_cast<std::uint16_t*>(out);
-    const bool tables = cpu_features().avx512vbmi;
     switch (src.dtype) {
       case DType::bf16:
         if (tables) {
