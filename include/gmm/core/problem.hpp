@@ -64,7 +64,7 @@ inline GroupRows local_group_rows(const char* where, GroupSizes sizes, std::int6
   rows.end.resize(num_groups);
   std::int64_t offset = 0;
   for (std::int64_t j = 0; j < sizes.count; ++j) {
-    require(sizes[j] >= 0, where, fmt::format("group_sizes[{}]", j), ">= 0", sizes[j]);
+    if (sizes[j] < 0) fail(where, fmt::format("group_sizes[{}]", j), ">= 0", sizes[j]);
     if (j >= group_offset && j < group_offset + num_groups) {
       rows.begin[j - group_offset] = offset;
       rows.end[j - group_offset] = offset + sizes[j];
@@ -102,9 +102,10 @@ inline void check_scales(const char* where, std::string_view operand, DType dtyp
   check_block(where, operand, "cols", s.block.cols, cols);
   const std::int64_t count =
       (groups / s.block.groups) * (rows / s.block.rows) * (cols / s.block.cols);
-  for (std::int64_t i = 0; i < count; ++i) {
-    require(std::isfinite(s.data[i]), where, fmt::format("{} scales[{}]", operand, i),
-            "a finite value", s.data[i]);
+  for (std::int64_t i = 0; i < count; ++i) {  // the message is formatted only on failure
+    if (!std::isfinite(s.data[i])) {
+      fail(where, fmt::format("{} scales[{}]", operand, i), "a finite value", s.data[i]);
+    }
   }
 }
 

@@ -129,9 +129,10 @@ inline QuantizePlan plan_quantize(const char* where, const GroupedMatrix& x, QTy
 
 // Checks that a scale array has one finite positive value per block.
 inline void check_scale_values(const char* where, const float* scale, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    require(std::isfinite(scale[i]) && scale[i] > 0.0f, where, fmt::format("scale[{}]", i),
-            "a finite positive value", scale[i]);
+  for (std::int64_t i = 0; i < count; ++i) {  // the message is formatted only on failure
+    if (!(std::isfinite(scale[i]) && scale[i] > 0.0f)) {
+      fail(where, fmt::format("scale[{}]", i), "a finite positive value", scale[i]);
+    }
   }
 }
 
