@@ -14,11 +14,7 @@
 #define GMM_TARGET_AMX \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,fma,amx-tile,amx-bf16")))
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
 
 namespace gmm::kernels {
 
@@ -105,7 +101,5 @@ inline KernelKit amx_kit() {
 
 }  // namespace gmm::kernels
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+GMM_KERNELS_RESTORE_WARNINGS
 #endif

@@ -18,13 +18,7 @@
 #define GMM_TARGET_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")))
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -W(maybe-)uninitialized
-// reports once inlined (GCC PR 105593); the values are fully defined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
 
 namespace gmm::kernels {
 
@@ -708,9 +702,7 @@ inline KernelKit avx512bf16_kit() {
 
 }  // namespace gmm::kernels
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+GMM_KERNELS_RESTORE_WARNINGS
 
 #include "gmm/kernels/fp8_avx512.hpp"
 #include "gmm/kernels/stream_avx512.hpp"

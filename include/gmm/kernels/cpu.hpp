@@ -21,6 +21,19 @@
 #define GMM_KERNELS_X86 0
 #endif
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -W(maybe-)uninitialized
+// reports once inlined (GCC PR 105593); the values are fully defined. The kernel headers wrap
+// their code in these two.
+#if defined(__GNUC__) && !defined(__clang__)
+#define GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS                                               \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define GMM_KERNELS_RESTORE_WARNINGS _Pragma("GCC diagnostic pop")
+#else
+#define GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
+#define GMM_KERNELS_RESTORE_WARNINGS
+#endif
+
 namespace gmm::kernels {
 
 // What the running CPU and OS can execute; each flag already includes OS support of the

@@ -14,11 +14,7 @@
 #define GMM_TARGET_AVX512VBMI \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16,avx512vbmi")))
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
 
 namespace gmm::kernels {
 
@@ -98,6 +94,15 @@ GMM_TARGET_AVX512VBMI inline void widen_fp8_runs(__m512i x, __m512i y, const Fp8
   lookup_bf16(_mm512_permutex2var_epi8(x, t.zip1, y), t, out[2], out[3]);
 }
 
+// The sources the pair packers take straight to bf16 pairs: fp8 (widened by the tables) and bf16.
+template <DType kDtype>
+struct PairSource {
+  static_assert(kDtype == DType::bf16 || kDtype == DType::float8_e4m3fn ||
+                kDtype == DType::float8_e5m2);
+  static constexpr bool fp8 = kDtype != DType::bf16;
+  static constexpr std::int64_t bytes = fp8 ? 1 : 2;
+};
+
 // Indices of one vpermb that byte-interleaves two 32-byte runs x (bytes 0..31) and y (32..63):
 // position 16L + i takes pair byte q = 8L + i (i < 8) or 32 + 8L + i - 8 (pair byte q is run
 // q % 2, lane q / 2), so that lookup_bf16's in-lane unpacks emit the bf16 pairs of lanes 0..15,
@@ -135,10 +140,8 @@ template <DType kDtype, int kStepMultiple>
 GMM_TARGET_AVX512VBMI void pack_b_pairs_lanes(const PanelSource& src, std::int64_t lane0,
                                               std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                                               std::uint16_t* out) {
-  static_assert(kDtype == DType::bf16 || kDtype == DType::float8_e4m3fn ||
-                kDtype == DType::float8_e5m2);
-  constexpr bool kFp8 = kDtype != DType::bf16;
-  constexpr std::int64_t kElement = kFp8 ? 1 : 2;
+  constexpr bool kFp8 = PairSource<kDtype>::fp8;
+  constexpr std::int64_t kElement = PairSource<kDtype>::bytes;
   static const Fp8PairZip fp8_zip;
   static const Bf16PairZip bf16_zip;
   Fp8Widener widener{};
@@ -217,10 +220,8 @@ template <DType kDtype, int kStepMultiple>
 GMM_TARGET_AVX512VBMI void pack_b_pairs_runs(const PanelSource& src, int width, std::int64_t lane0,
                                              std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                                              std::uint16_t* out) {
-  static_assert(kDtype == DType::bf16 || kDtype == DType::float8_e4m3fn ||
-                kDtype == DType::float8_e5m2);
-  constexpr bool kFp8 = kDtype != DType::bf16;
-  constexpr std::int64_t kElement = kFp8 ? 1 : 2;
+  constexpr bool kFp8 = PairSource<kDtype>::fp8;
+  constexpr std::int64_t kElement = PairSource<kDtype>::bytes;
   static const Fp8RunZip run_zip;
   Fp8Widener widener{};
   __m512i zip = _mm512_setzero_si512();
@@ -320,7 +321,5 @@ void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, st
 
 }  // namespace gmm::kernels
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+GMM_KERNELS_RESTORE_WARNINGS
 #endif

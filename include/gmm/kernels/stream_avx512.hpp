@@ -13,11 +13,7 @@
 #include "gmm/kernels/reference.hpp"
 
 #if GMM_KERNELS_X86
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
 
 namespace gmm::kernels {
 
@@ -595,7 +591,5 @@ inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_
 
 }  // namespace gmm::kernels
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+GMM_KERNELS_RESTORE_WARNINGS
 #endif
