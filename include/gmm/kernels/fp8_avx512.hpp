@@ -34,6 +34,15 @@ struct Fp8Bf16Bytes {
   }
 };
 
+// Which of two 32-byte runs x (0..31) and y (32..63) the zips below put at byte `pos` of a
+// vector, so that lookup_bf16's in-lane unpacks (bytes 0..7 of each 128-bit lane, then 8..15)
+// emit the words of x in order, then those of y: x's byte 8L + i at 16L + i for i < 8, y's
+// byte 8L + i - 8 for i >= 8.
+constexpr int unpack_order(int pos) {
+  const int lane = pos / 16, i = pos % 16;
+  return i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8;
+}
+
 // vpermt2b indices zipping the contraction runs k .. k + 63 of two columns (x, y) so that the
 // in-lane byte unpacks after the table lookups emit bf16 pairs in order: zip h gives x's then
 // y's pairs of contraction 32h .. 32h + 31.
@@ -42,9 +51,8 @@ struct Fp8Zip {
   Fp8Zip() {
     for (int h = 0; h < 2; ++h) {
       for (int pos = 0; pos < 64; ++pos) {
-        const int lane = pos / 16, i = pos % 16;
-        runs[h][pos] = static_cast<std::uint8_t>(i < 8 ? 32 * h + 8 * lane + i
-                                                       : 64 + 32 * h + 8 * lane + i - 8);
+        const int q = unpack_order(pos);  // x's byte 32h + q, or y's byte 32h + q - 32
+        runs[h][pos] = static_cast<std::uint8_t>(q < 32 ? 32 * h + q : 64 + 32 * h + q - 32);
       }
     }
   }
@@ -103,16 +111,14 @@ struct PairSource {
   static constexpr std::int64_t bytes = fp8 ? 1 : 2;
 };
 
-// Indices of one vpermb that byte-interleaves two 32-byte runs x (bytes 0..31) and y (32..63):
-// position 16L + i takes pair byte q = 8L + i (i < 8) or 32 + 8L + i - 8 (pair byte q is run
-// q % 2, lane q / 2), so that lookup_bf16's in-lane unpacks emit the bf16 pairs of lanes 0..15,
-// then of lanes 16..31, in order.
+// Indices of one vpermb that byte-interleaves two 32-byte runs x (bytes 0..31) and y (32..63)
+// in unpack_order: byte q of the interleaved pairs (run q % 2, lane q / 2) goes where
+// unpack_order puts byte q, so lookup_bf16 emits the bf16 pairs of lanes 0..15, then 16..31.
 struct Fp8PairZip {
   alignas(64) std::uint8_t order[64];
   Fp8PairZip() {
     for (int pos = 0; pos < 64; ++pos) {
-      const int lane = pos / 16, i = pos % 16;
-      const int q = i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8;
+      const int q = unpack_order(pos);
       order[pos] = static_cast<std::uint8_t>((q % 2) * 32 + q / 2);
     }
   }
@@ -199,15 +205,11 @@ GMM_TARGET_AVX512VBMI void pack_b_pairs_lanes(const PanelSource& src, std::int64
 }
 
 // Indices of one vpermb that puts two 32-byte contraction runs x (bytes 0..31) and y (32..63)
-// in the order lookup_bf16's in-lane unpacks need to emit x's 32 bf16 words in order (first),
-// then y's (second): position 16L + i takes x's byte 8L + i (i < 8) or y's byte 8L + i - 8.
+// in unpack_order, so lookup_bf16 emits x's 32 bf16 words in order (first), then y's (second).
 struct Fp8RunZip {
   alignas(64) std::uint8_t order[64];
   Fp8RunZip() {
-    for (int pos = 0; pos < 64; ++pos) {
-      const int lane = pos / 16, i = pos % 16;
-      order[pos] = static_cast<std::uint8_t>(i < 8 ? 8 * lane + i : 32 + 8 * lane + i - 8);
-    }
+    for (int pos = 0; pos < 64; ++pos) order[pos] = static_cast<std::uint8_t>(unpack_order(pos));
   }
 };
 
@@ -268,52 +270,47 @@ GMM_TARGET_AVX512VBMI void pack_b_pairs_runs(const PanelSource& src, int width, 
   }
 }
 
+// Packs with pack_b_pairs_runs (contiguous contraction runs, width a multiple of 16) or
+// pack_b_pairs_lanes (contiguous lanes, 32-lane panels); false when the layout is neither.
+template <DType kDtype, int kStepMultiple>
+bool pack_b_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
+                  std::int64_t k0, std::int64_t kc, std::uint16_t* out) {
+  if (src.k_stride == 1 && width % 16 == 0) {
+    pack_b_pairs_runs<kDtype, kStepMultiple>(src, width, lane0, lanes, k0, kc, out);
+    return true;
+  }
+  if (src.lane_stride == 1 && width == 32) {
+    pack_b_pairs_lanes<kDtype, kStepMultiple>(src, lane0, lanes, k0, kc, out);
+    return true;
+  }
+  return false;
+}
+
 // The B packer of the bf16-pair kits (AVX512_BF16, AMX): where the CPU has AVX512_VBMI,
-// unquantized fp8 and bf16 sources go to pack_b_pairs_runs (contiguous contraction runs) or
-// pack_b_pairs_lanes (contiguous lanes, 32-lane panels); everything else to the generic AVX-512
+// unquantized fp8 and bf16 sources go to pack_b_pairs; everything else to the generic AVX-512
 // packer. The panels are the same bits either way.
 template <int kStepMultiple>
 void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
                        std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
-  auto* pairs = static_cast<std::uint16_t*>(out);
-  const bool tables = cpu_features().avx512vbmi;
-  if (src.k_stride == 1 && !src.quantize && width % 16 == 0 && tables) {
+  if (cpu_features().avx512vbmi && !src.quantize) {
+    auto* pairs = static_cast<std::uint16_t*>(out);
+    bool packed = false;
     switch (src.dtype) {
       case DType::bf16:
-        return pack_b_pairs_runs<DType::bf16, kStepMultiple>(src, width, lane0, lanes, k0, kc,
-                                                             pairs);
-      case DType::float8_e4m3fn:
-        return pack_b_pairs_runs<DType::float8_e4m3fn, kStepMultiple>(src, width, lane0, lanes, k0,
-                                                                      kc, pairs);
-      case DType::float8_e5m2:
-        return pack_b_pairs_runs<DType::float8_e5m2, kStepMultiple>(src, width, lane0, lanes, k0,
-                                                                    kc, pairs);
-      default:
-        break;
-    }
-  }
-  if (src.lane_stride == 1 && !src.quantize && width == 32) {
-    switch (src.dtype) {
-      case DType::bf16:
-        if (tables) {
-          return pack_b_pairs_lanes<DType::bf16, kStepMultiple>(src, lane0, lanes, k0, kc, pairs);
-        }
+        packed = pack_b_pairs<DType::bf16, kStepMultiple>(src, width, lane0, lanes, k0, kc, pairs);
         break;
       case DType::float8_e4m3fn:
-        if (tables) {
-          return pack_b_pairs_lanes<DType::float8_e4m3fn, kStepMultiple>(src, lane0, lanes, k0, kc,
-                                                                         pairs);
-        }
+        packed = pack_b_pairs<DType::float8_e4m3fn, kStepMultiple>(src, width, lane0, lanes, k0, kc,
+                                                                   pairs);
         break;
       case DType::float8_e5m2:
-        if (tables) {
-          return pack_b_pairs_lanes<DType::float8_e5m2, kStepMultiple>(src, lane0, lanes, k0, kc,
-                                                                       pairs);
-        }
+        packed = pack_b_pairs<DType::float8_e5m2, kStepMultiple>(src, width, lane0, lanes, k0, kc,
+                                                                 pairs);
         break;
       default:
         break;
     }
+    if (packed) return;
   }
   pack_avx512<PackedElement::bf16, PanelOrder::step_major, kStepMultiple>(src, width, lane0, lanes,
                                                                           k0, kc, lane_scales, out);
