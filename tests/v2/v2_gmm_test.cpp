@@ -159,13 +159,13 @@ TEST_P(V2Gmm, NanStaysInItsGroup) {
   }
 }
 
-// Groups of at most KernelKit::stream_rows rows (decode) take the streaming kernels, their
-// columns split into tasks (a group of 6 rows keeps the packed path): forward
-// and dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N; results match the oracle and are the
-// same bits for 1 and 2 threads.
+// Groups of at most KernelKit::stream_rows(b) rows take the streaming kernels, their columns
+// split into tasks: 4 rows (decode) on every path, up to 32 on the AVX512_BF16 path for [K, N]
+// fp8 or bf16 weights (the strip kernel; a group of 33 rows keeps the packed path). Forward and
+// dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N; results match the oracle and are the same
+// bits for 1 and 2 threads.
 TEST_P(V2Gmm, FewRowsStreamTheWeights) {
-  const CaseShape s{"decode", 16, 301, 1100, {1, 3, 0, 4, 2, 6}};
-  const std::int64_t streamed_groups = 4;  // the groups of 1 to 4 rows
+  const CaseShape s{"decode", 69, 129, 1100, {1, 3, 0, 4, 2, 6, 20, 33}};
   const GmmRecipe fp8{"fp8",
                       {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)},
                       {DType::float8_e4m3fn, {1, 0, 1}}};
@@ -186,11 +186,16 @@ TEST_P(V2Gmm, FewRowsStreamTheWeights) {
         OwnedOutput got;
         ASSERT_TRUE(run_gmm_case(rng, s, r, o, DType::f32, &got))
             << r.label << " transpose=" << transpose << " threads=" << threads;
+        const bool strips = trace.isa == Isa::avx512bf16 && !transpose &&
+                            r.rhs.dtype != DType::f32 && kernels::cpu_features().avx512vbmi;
+        std::int64_t streamed_groups = 0;
+        for (std::int32_t rows : s.group_sizes)
+          streamed_groups += rows > 0 && rows <= (strips ? 32 : 4);
         // columns per task: 512 of a transposed rhs, else 4 KiB of each weight row
         const std::int64_t columns =
             transpose ? 512 : 4096 / static_cast<std::int64_t>(size_of(r.rhs.dtype));
         EXPECT_EQ(trace.streamed_tasks, streamed_groups * ((s.n + columns - 1) / columns))
-            << r.label;
+            << r.label << " " << name(trace.isa) << " transpose=" << transpose;
         if (threads == 1) {
           first = got;
         } else {

@@ -369,27 +369,37 @@ std::vector<float> run_stream(kernels::StreamFn stream, const KernelKit& kit, co
   return c;
 }
 
+// Row counts the streaming tests run up to a kit's stream_rows(b): 1 to 4 (every kernel), then
+// the strip kernel's blocks (8, 12 or 16 rows, one or two of them) and the rows around them.
+std::vector<int> stream_row_counts(int most) {
+  std::vector<int> out;
+  for (int rows : {1, 2, 3, 4, 5, 8, 11, 16, 17, 24, 29, 32}) {
+    if (rows <= most) out.push_back(rows);
+  }
+  return out;
+}
+
 // Each streaming kernel computes c (= / +=) (A B) * row_scale * col_scale from unpacked B; with
 // small integers every sum is exact, so it must equal the scalar loop bit for bit: both B
-// layouts, every B dtype, 1 to 4 rows, ragged column ranges, odd contraction lengths.
+// layouts, every B dtype, every row count the kit streams, ragged column ranges (one wider than
+// the strip kernel's span), odd contraction lengths.
 TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
   Rng rng(10);
-  const std::int64_t lanes = 333, depth = 140;
-  std::vector<float> a(4 * depth), values(lanes * depth);
+  const std::int64_t lanes = 600, depth = 140, max_rows = 32;
+  std::vector<float> a(max_rows * depth), values(lanes * depth);
   for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
   for (float& x : values) x = static_cast<float>(rng.integer(-8, 8));
-  std::vector<float> rs(4), cs(lanes);
+  std::vector<float> rs(max_rows), cs(lanes);
   for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
   for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
   struct Range {
     std::int64_t n0, n1, k0, kc;
   };
-  const std::vector<Range> ranges = {
-      {0, 1, 0, 1}, {3, 20, 5, 45}, {0, 64, 0, 64}, {7, 333, 2, 131}, {64, 200, 11, 128}};
+  const std::vector<Range> ranges = {{0, 1, 0, 1},     {3, 20, 5, 45},     {0, 64, 0, 64},
+                                     {7, 333, 2, 131}, {64, 200, 11, 128}, {5, 600, 1, 70}};
   int checked = 0;
   for (const KernelKit& kit : kits()) {
     ASSERT_NE(kit.stream, nullptr) << name(kit.isa);
-    EXPECT_EQ(kit.stream_rows, 4);
     std::vector<std::pair<std::string, kernels::StreamFn>> streams = {{"kit", kit.stream}};
 #if GMM_KERNELS_X86
     // The fp8 kernels without vpermi2b (CPUs without AVX512_VBMI), called directly.
@@ -414,7 +424,10 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
         if (label != "kit" && dtype != DType::float8_e4m3fn) continue;
         for (bool runs : {false, true}) {
           const StreamOperand b = stream_operand(values, dtype, lanes, depth, runs);
-          for (int rows = 1; rows <= 4; ++rows) {
+          const int most = label == "kit" ? kit.stream_rows(b.source) : 4;
+          ASSERT_GE(most, 4) << name(kit.isa);
+          ASSERT_LE(most, max_rows) << name(kit.isa);
+          for (int rows : stream_row_counts(most)) {
             for (const Range& r : ranges) {
               const std::int64_t ldc = r.n1 - r.n0 + 3;
               const std::vector<float> c = run_stream(stream, kit, b.source, a, depth, rows, r.n0,
@@ -445,42 +458,50 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
   EXPECT_GT(checked, 0);
 }
 
-// Over B with contiguous columns the streaming kernel sums each column in the packed
-// micro-kernel's order, so on arbitrary data its results equal the packed path's bit for bit
+// Over B with contiguous columns the streaming kernels sum each column in the packed
+// micro-kernel's order, so on arbitrary data their results equal the packed path's bit for bit
 // (on the kits whose stream and micro-kernel use the same instruction: scalar, AVX-512F,
-// AVX512_BF16).
+// AVX512_BF16), for every row count the kit streams.
 TEST(V2Kernels, StreamMatchesPackedKernelBits) {
   Rng rng(11);
-  const std::int64_t lanes = 150, depth = 77;
+  const std::int64_t lanes = 150, depth = 77, max_rows = 32;
   for (const KernelKit& kit : kits()) {
     if (kit.isa != Isa::scalar && kit.isa != Isa::avx512f && kit.isa != Isa::avx512bf16) continue;
     const kernels::PackedFormat& f = kit.format;
     for (DType dtype : stream_dtypes(kit)) {
-      std::vector<float> a(4 * depth), values(lanes * depth);
+      std::vector<float> a(max_rows * depth), values(lanes * depth);
       const DType a_dtype = f.element == PackedElement::bf16 ? DType::bf16 : DType::f32;
       for (float& x : a) x = random_value(rng, a_dtype);
       for (float& x : values) x = random_value(rng, dtype);
-      std::vector<float> rs(f.mr, 0.0f), cs(round_up_to(lanes, f.nr), 0.0f);
-      for (int i = 0; i < 4; ++i) rs[i] = random_scale(rng);
+      std::vector<float> rs(round_up_to(max_rows, f.mr), 0.0f), cs(round_up_to(lanes, f.nr), 0.0f);
+      for (int i = 0; i < max_rows; ++i) rs[i] = random_scale(rng);
       for (std::int64_t j = 0; j < lanes; ++j) cs[j] = random_scale(rng);
       const StreamOperand b = stream_operand(values, dtype, lanes, depth, false);
-      for (int rows = 1; rows <= 4; ++rows) {
+      for (int rows : stream_row_counts(kit.stream_rows(b.source))) {
         const std::int64_t ldc = round_up_to(lanes, f.nr);
         const std::vector<float> streamed =
             run_stream(kit.stream, kit, b.source, a, depth, rows, 0, lanes, 0, depth, rs, cs, ldc);
-        // the packed path: A padded to mr rows, B packed in nr-wide panels
+        // the packed path: A in panels of mr rows, B packed in nr-wide panels
+        const std::int64_t rows_padded = round_up_to(rows, f.mr);
         PanelSource sa{a.data(), DType::f32, depth, 1};
-        std::vector<unsigned char> pa(f.panel_bytes(f.mr, depth));
+        const std::size_t a_panel = f.panel_bytes(f.mr, depth);
+        std::vector<unsigned char> pa((rows_padded / f.mr) * a_panel);
         reference_packer(kit, PanelOrder::lane_major)(sa, f.mr, 0, rows, 0, depth, rs.data(),
                                                       pa.data());
         std::vector<unsigned char> pb((ldc / f.nr) * f.panel_bytes(f.nr, depth));
         kit.pack_b(b.source, f.nr, 0, lanes, 0, depth, cs.data(), pb.data());
-        std::vector<float> packed(static_cast<std::size_t>(f.mr * ldc), 5.0f);
-        const auto kernel = kit.few_rows_kernel != nullptr ? kit.few_rows_kernel : kit.kernel;
+        std::vector<float> packed(static_cast<std::size_t>(rows_padded * ldc), 5.0f);
         for (bool first : {true, false}) {
-          for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
-            kernel(f.steps(depth), pa.data(), pb.data() + (jr / f.nr) * f.panel_bytes(f.nr, depth),
-                   packed.data() + jr, ldc, rs.data(), cs.data() + jr, first, rows);
+          for (std::int64_t ir = 0; ir < rows; ir += f.mr) {
+            const int valid = static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir));
+            const bool few = kit.few_rows_kernel != nullptr && valid <= kit.few_rows;
+            const auto kernel = few ? kit.few_rows_kernel : kit.kernel;
+            for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
+              kernel(f.steps(depth), pa.data() + (ir / f.mr) * a_panel,
+                     pb.data() + (jr / f.nr) * f.panel_bytes(f.nr, depth),
+                     packed.data() + ir * ldc + jr, ldc, rs.data() + ir, cs.data() + jr, first,
+                     valid);
+            }
           }
         }
         for (int i = 0; i < rows; ++i) {

@@ -90,7 +90,7 @@ inline KernelKit amx_kit() {
   kit.few_rows_kernel = kernel_amx_bf16<1>;
   kit.few_rows = 16;
   kit.stream = stream_avx512_bf16;
-  kit.stream_rows = 4;
+  kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.begin = amx_begin;

@@ -61,7 +61,7 @@ inline KernelKit avx2_kit() {
   kit.pack_b = pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
   kit.kernel = kernel_avx2_f32<6, 2>;
   kit.stream = stream_reference;
-  kit.stream_rows = 4;
+  kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_reference;
   kit.tiles = {96, 256, 512};
   return kit;

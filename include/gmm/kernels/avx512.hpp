@@ -663,6 +663,7 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
                                std::int64_t k0, std::int64_t kc, const void* a,
                                std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
                                const float* row_scales, const float* col_scales, bool first);
+inline int stream_rows_avx512_bf16(const PanelSource& b);
 
 // The AVX-512F path: fp32 values (bf16 / fp8 / int8 widened exactly) and a 12 x 32 FMA kernel.
 inline KernelKit avx512f_kit() {
@@ -675,7 +676,7 @@ inline KernelKit avx512f_kit() {
   kit.few_rows_kernel = kernel_avx512_f32<4, 2>;
   kit.few_rows = 4;
   kit.stream = stream_avx512_f32;
-  kit.stream_rows = 4;
+  kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.tiles = {384, 128, 512};
@@ -693,7 +694,7 @@ inline KernelKit avx512bf16_kit() {
   kit.few_rows_kernel = kernel_avx512_bf16<4, 2>;
   kit.few_rows = 4;
   kit.stream = stream_avx512_bf16;
-  kit.stream_rows = 4;
+  kit.stream_rows = stream_rows_avx512_bf16;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.tiles = {512, 512, 512};

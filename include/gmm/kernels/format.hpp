@@ -62,7 +62,7 @@ using MicroKernelFn = void (*)(std::int64_t steps, const void* a, const void* b,
                                std::int64_t ldc, const float* row_scales, const float* col_scales,
                                bool first, int rows);
 
-// Computes rows x [n0, n1) of C (rows <= KernelKit::stream_rows) over contraction indices
+// Computes rows x [n0, n1) of C (rows <= KernelKit::stream_rows(b)) over contraction indices
 // [k0, k0 + kc) straight from an unpacked B source (lanes = columns of C; not quantized in the
 // kernel): B's values are widened on the fly, A is one packed A panel of the kit's format whose
 // row i starts a_stride elements after row i - 1. The epilogue is the micro-kernel's:
@@ -71,6 +71,9 @@ using StreamFn = void (*)(const PanelSource& b, std::int64_t n0, std::int64_t n1
                           std::int64_t kc, const void* a, std::int64_t a_stride, int rows, float* c,
                           std::int64_t ldc, const float* row_scales, const float* col_scales,
                           bool first);
+
+// KernelKit::stream_rows of the kits whose streaming kernels take up to 4 rows of any B.
+inline int four_stream_rows(const PanelSource&) { return 4; }
 
 // Writes absmax[w] = max |x| (NaN if any x is NaN, core/qvalue.hpp's absmax_update) over the
 // contraction indices [k_begin, k_end) of lanes [lane0, lane0 + lanes) of an f32 / bf16 source.
@@ -95,10 +98,11 @@ struct KernelKit {
   // only those rows), for groups of a few tokens (decode).
   MicroKernelFn few_rows_kernel = nullptr;
   int few_rows = 0;
-  // Optional: the product of a few rows (at most `stream_rows`) streamed from unpacked B, for
-  // tasks where packing B would cost as much as the product (decode).
+  // Optional: the product of a few rows (at most `stream_rows(b)`, which depends on B's dtype and
+  // layout) streamed from unpacked B, for tasks where packing B would cost as much as the
+  // product (decode, groups of a dozen tokens).
   StreamFn stream = nullptr;
-  int stream_rows = 0;
+  int (*stream_rows)(const PanelSource& b) = nullptr;
   AbsmaxFn absmax = nullptr;
   StoreRowFn store_row = nullptr;  // optional: vectorized output epilogue
   // Optional: run by each worker before and after a run of micro-kernel calls (AMX: load and

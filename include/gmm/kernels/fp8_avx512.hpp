@@ -124,6 +124,20 @@ struct Fp8PairZip {
   }
 };
 
+// Indices of one vpermb that takes 16 columns of four contraction rows (row r's codes at bytes
+// 16r .. 16r + 15) to unpack_order, so lookup_bf16 emits the bf16 pairs of the 16 columns in
+// order for rows 0 and 1 (first), then for rows 2 and 3 (second).
+struct Fp8QuadZip {
+  alignas(64) std::uint8_t order[64];
+  Fp8QuadZip() {
+    for (int pos = 0; pos < 64; ++pos) {
+      const int q = unpack_order(pos);  // word q % 32 of output q / 32: column (q % 32) / 2
+      const int row = 2 * (q / 32) + q % 2;
+      order[pos] = static_cast<std::uint8_t>(16 * row + (q % 32) / 2);
+    }
+  }
+};
+
 // Indices of the two vpermt2w that interleave the words of two rows x, y of 32 bf16 values into
 // the pairs of lanes 0..15 (first) and 16..31 (second).
 struct Bf16PairZip {

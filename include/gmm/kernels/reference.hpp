@@ -142,7 +142,7 @@ inline KernelKit scalar_kit() {
   kit.pack_b = pack_reference<PackedElement::f32, 1, PanelOrder::step_major>;
   kit.kernel = kernel_scalar_f32<4, 16>;
   kit.stream = stream_reference;
-  kit.stream_rows = 4;
+  kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_reference;
   kit.tiles = {64, 256, 256};
   return kit;

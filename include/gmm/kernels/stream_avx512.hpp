@@ -63,6 +63,11 @@ GMM_TARGET_AVX512 inline __m512i run_pairs(const void* data, std::int64_t index,
   }
 }
 
+// Prefetches the line at `line` into L2. An asm statement, not _mm_prefetch: GCC takes
+// __builtin_prefetch for free of side effects, finds a function whose loop only prefetches pure,
+// and drops its calls.
+inline void prefetch_line_l2(const char* line) { asm volatile("prefetcht1 (%0)" : : "r"(line)); }
+
 // Prefetches (into L2) part `part` of `parts` of the lines of rows [row0, row1) of a
 // lanes-contiguous B over columns [n, n + cols), taken whole row after whole row, so that the
 // memory sees each row's run in order whatever order the kernel then reads it in.
@@ -73,7 +78,7 @@ inline void prefetch_rows(const PanelSource& b, std::int64_t row0, std::int64_t 
   const std::int64_t row_lines = (cols * element + 63) / 64, lines = (row1 - row0) * row_lines;
   const char* base = static_cast<const char*>(b.data) + (row0 * b.k_stride + n) * element;
   for (std::int64_t t = part * lines / parts; t < (part + 1) * lines / parts; ++t) {
-    _mm_prefetch(base + (t / row_lines) * b.k_stride * element + (t % row_lines) * 64, _MM_HINT_T1);
+    prefetch_line_l2(base + (t / row_lines) * b.k_stride * element + (t % row_lines) * 64);
   }
 }
 
@@ -253,6 +258,187 @@ GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int6
     for (int i = 0; i < kRows; ++i) {
       stream_store_span_fp8(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0),
                             cols, first);
+    }
+  }
+}
+
+// The strip kernel: up to kStripRows rows over lanes-contiguous fp8 or bf16 B (groups of a dozen
+// tokens, as in DeepSeek-V3's routed experts), where packing B would cost as much as the product.
+// A span of up to kStripSpan columns is read band by band (kStripBand contraction pairs, the next
+// band's rows prefetched whole); each band is walked by blocks of up to kStripBlock rows, each
+// block in strips of 16 columns whose sums stay in registers: every widened vector of B pairs
+// serves all the block's rows, so the widening's shuffles hide behind the dot products, and a
+// second block finds the band in cache. Each column is summed pair by pair in order, as the
+// packed micro-kernel sums it.
+constexpr int kStripRows = 32;
+constexpr int kStripBlock = 16;
+constexpr std::int64_t kStripSpan = 512;
+constexpr std::int64_t kStripBand = 16;
+
+// The bf16 pairs of 16 columns at `at` (live lanes) of contraction rows r .. r + 3 (rows past
+// the chunk read as zeros, `present` of them read): rows r, r + 1 (pairs[0]), then r + 2, r + 3.
+template <DType kDtype>
+GMM_TARGET_AVX512VBMI inline void strip_quad_pairs(const unsigned char* at, std::int64_t row_bytes,
+                                                   __mmask16 live, int present, __m512i zip,
+                                                   const Fp8Widener& widener, __m512i (&pairs)[2]) {
+  if constexpr (PairSource<kDtype>::fp8) {
+    __m512i codes;
+    if (live == 0xFFFF && present == 4) {  // four 16-byte loads broadcast into their lanes
+      codes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+      for (int r = 1; r < 4; ++r) {
+        codes = _mm512_mask_broadcast_i32x4(
+            codes, static_cast<__mmask16>(0xF << (4 * r)),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + r * row_bytes)));
+      }
+    } else {
+      codes = _mm512_setzero_si512();
+      for (int r = 0; r < present; ++r) {
+        codes = _mm512_mask_broadcast_i32x4(codes, static_cast<__mmask16>(0xF << (4 * r)),
+                                            _mm_maskz_loadu_epi8(live, at + r * row_bytes));
+      }
+    }
+    lookup_bf16(_mm512_permutexvar_epi8(zip, codes), widener, pairs[0], pairs[1]);
+  } else {
+    const __mmask16 none = 0;
+    for (int h = 0; h < 2; ++h) {
+      const unsigned char* x = at + 2 * h * row_bytes;
+      const __m256i xs = _mm256_maskz_loadu_epi16(2 * h < present ? live : none, x);
+      const __m256i ys = _mm256_maskz_loadu_epi16(2 * h + 1 < present ? live : none, x + row_bytes);
+      pairs[h] =
+          _mm512_permutex2var_epi16(_mm512_castsi256_si512(xs), zip, _mm512_castsi256_si512(ys));
+    }
+  }
+}
+
+// The span's sums of the strip kernel: row i at i * kStripSumsStride floats, rows a line more
+// than 4 KiB apart (so that a strip's rows do not share an L1 set).
+constexpr std::int64_t kStripSumsStride = kStripSpan + 16;
+
+// What one band of the strip kernel works on: B's first line of the band, its rows, the A pairs
+// of one block copied step-major (a_pairs[s * kRows + i]: row i of the block, pair s of the band)
+// and the block's sums.
+struct StripBand {
+  const unsigned char* b = nullptr;
+  std::int64_t row_bytes = 0, rows_left = 0, pairs = 0, cols = 0;
+  const std::int32_t* a_pairs = nullptr;
+  float* sums = nullptr;
+  bool first = false;  // the span's first band: the sums start at zero
+};
+
+// One band for a block of kRows rows (the last kRows - valid of them repeat row 0 of the block,
+// and their sums are dropped), strip by strip; `prefetch` (the next band's rows, part by part)
+// is run once per strip.
+template <DType kDtype, int kRows, class Prefetch>
+GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, const Prefetch& prefetch) {
+  static const Fp8QuadZip fp8_zip;
+  static const Bf16PairZip bf16_zip;
+  Fp8Widener widener{};
+  __m512i zip;
+  if constexpr (PairSource<kDtype>::fp8) {
+    widener = fp8_widener<kDtype>();
+    zip = _mm512_load_si512(fp8_zip.order);
+  } else {
+    zip = _mm512_load_si512(bf16_zip.first);
+  }
+  constexpr std::int64_t kElement = PairSource<kDtype>::bytes;
+  const unsigned char* const b = band.b;
+  const std::int64_t row_bytes = band.row_bytes, rows_left = band.rows_left, pairs = band.pairs;
+  const std::int64_t cols = band.cols, strips = (cols + 15) / 16;
+  const std::int32_t* const a_pairs = band.a_pairs;
+  float* const sums = band.sums;
+  const bool first = band.first;
+  for (std::int64_t strip = 0; strip < strips; ++strip) {
+    const std::int64_t j = 16 * strip;
+    prefetch(strip, strips);
+    const __mmask16 live = first_lanes(cols - j);
+    __m512 acc[kRows];
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      acc[i] = !first && i < valid ? _mm512_load_ps(sums + i * kStripSumsStride + j)
+                                   : _mm512_setzero_ps();
+    }
+    const unsigned char* quad = b + j * kElement;
+    for (std::int64_t s = 0; s < pairs; s += 2, quad += 4 * row_bytes) {
+      __m512i bv[2];
+      strip_quad_pairs<kDtype>(quad, row_bytes, live,
+                               static_cast<int>(std::min<std::int64_t>(4, rows_left - 2 * s)), zip,
+                               widener, bv);
+      const std::int32_t* a = a_pairs + s * kRows;
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)bv[0], (__m512bh)_mm512_set1_epi32(a[i]));
+      }
+      if (s + 1 == pairs) break;
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        acc[i] =
+            _mm512_dpbf16_ps(acc[i], (__m512bh)bv[1], (__m512bh)_mm512_set1_epi32(a[kRows + i]));
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      if (i < valid) _mm512_store_ps(sums + i * kStripSumsStride + j, acc[i]);
+    }
+  }
+}
+
+// KernelKit::stream for 5 to kStripRows rows of lanes-contiguous fp8 or bf16 B: spans, bands and
+// blocks of rows (the last block's band function picked by its row count: 8, 12 or 16).
+template <DType kDtype>
+GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t n0,
+                                              std::int64_t n1, std::int64_t k0, std::int64_t kc,
+                                              const std::uint16_t* a, std::int64_t a_stride,
+                                              int rows, float* c, std::int64_t ldc,
+                                              const float* row_scales, const float* col_scales,
+                                              bool first) {
+  constexpr std::int64_t kElement = PairSource<kDtype>::bytes;
+  alignas(64) float sums[kStripRows * kStripSumsStride];
+  alignas(64) std::int32_t a_pairs[kStripBand * kStripBlock];
+  const auto* data = static_cast<const unsigned char*>(b.data);
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t n = n0; n < n1; n += kStripSpan) {
+    const std::int64_t cols = std::min(kStripSpan, n1 - n);
+    if (pairs == 0) std::fill(sums, sums + rows * kStripSumsStride, 0.0f);
+    for (std::int64_t p0 = 0; p0 < pairs; p0 += kStripBand) {
+      const std::int64_t p1 = std::min(pairs, p0 + kStripBand);
+      StripBand band;
+      band.b = data + ((k0 + 2 * p0) * b.k_stride + n) * kElement;
+      band.row_bytes = b.k_stride * kElement;
+      band.rows_left = kc - 2 * p0;
+      band.pairs = p1 - p0;
+      band.cols = cols;
+      band.a_pairs = a_pairs;
+      band.first = p0 == 0;
+      for (int i0 = 0; i0 < rows; i0 += kStripBlock) {
+        const int valid = std::min(kStripBlock, rows - i0);
+        const int width = valid <= 8 ? 8 : valid <= 12 ? 12 : 16;
+        for (std::int64_t s = 0; s < band.pairs; ++s) {
+          for (int i = 0; i < width; ++i) {
+            std::memcpy(&a_pairs[s * width + i],
+                        a + (i0 + (i < valid ? i : 0)) * a_stride + 2 * (p0 + s),
+                        sizeof(std::int32_t));
+          }
+        }
+        band.sums = sums + i0 * kStripSumsStride;
+        // the first block prefetches the next band
+        const auto prefetch = [&](std::int64_t part, std::int64_t parts) {
+          if (i0 == 0) {
+            prefetch_rows(b, k0 + 2 * (p0 + kStripBand), k0 + 2 * (p1 + kStripBand), n, cols,
+                          kElement, part, parts);
+          }
+        };
+        if (width == 8) {
+          strip_band<kDtype, 8>(band, valid, prefetch);
+        } else if (width == 12) {
+          strip_band<kDtype, 12>(band, valid, prefetch);
+        } else {
+          strip_band<kDtype, 16>(band, valid, prefetch);
+        }
+      }
+    }
+    for (int i = 0; i < rows; ++i) {
+      stream_store_span(c + i * ldc + (n - n0), sums + i * kStripSumsStride, row_scales[i],
+                        col_scales + (n - n0), cols, first);
     }
   }
 }
@@ -476,6 +662,17 @@ inline void stream_rows_dispatch(int rows, const PanelSource& b, std::int64_t n0
   }
 }
 
+// True when B takes the strip kernel: lanes-contiguous bf16 or fp8, on a CPU with AVX512_VBMI
+// (the fp8 table widening; the kernel is compiled for it).
+inline bool strips_take(const PanelSource& b) {
+  return b.k_stride != 1 && b.lane_stride == 1 && cpu_features().avx512vbmi &&
+         (b.dtype == DType::bf16 || b.dtype == DType::float8_e4m3fn ||
+          b.dtype == DType::float8_e5m2);
+}
+
+// KernelKit::stream_rows of the AVX512_BF16 kit.
+inline int stream_rows_avx512_bf16(const PanelSource& b) { return strips_take(b) ? kStripRows : 4; }
+
 // Column blocking per row count: accumulators and widened B stay within the 32 registers.
 constexpr int stream_lane_vectors(int rows) { return rows <= 2 ? 8 : 4; }
 constexpr int stream_run_columns(int rows) { return rows == 1 ? 8 : 4; }
@@ -530,11 +727,18 @@ struct StreamF32 {
 
 // KernelKit::stream of the AVX512_BF16 (and AMX) kits: B's dtype and layout pick the kernel;
 // fp8 with contiguous columns or runs widens through the vpermi2b tables where the CPU has
-// AVX512_VBMI.
+// AVX512_VBMI; more than 4 rows (stream_rows_avx512_bf16) take the strip kernel.
 inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
                                std::int64_t k0, std::int64_t kc, const void* a,
                                std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
                                const float* row_scales, const float* col_scales, bool first) {
+  if (rows > 4) {  // stream_rows_avx512_bf16: strips_take(b)
+    const auto* pairs = static_cast<const std::uint16_t*>(a);
+    const auto strips = b.dtype == DType::float8_e4m3fn ? stream_bf16_strips<DType::float8_e4m3fn>
+                        : b.dtype == DType::float8_e5m2 ? stream_bf16_strips<DType::float8_e5m2>
+                                                        : stream_bf16_strips<DType::bf16>;
+    return strips(b, n0, n1, k0, kc, pairs, a_stride, rows, c, ldc, row_scales, col_scales, first);
+  }
   const bool runs = b.k_stride == 1;
   const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
 #define GMM_STREAM(D, RUNS, TABLES)                                          \

@@ -199,7 +199,8 @@ inline std::int64_t stream_columns(const kernels::PanelSource& b) {
 // True when a task of `rows` rows of `job` runs on the kit's streaming kernel: a few rows and a B
 // that is not quantized in the kernel (that case keeps the packed path, which quantizes once).
 inline bool streams(const Product& p, const Job& job, std::int64_t rows) {
-  return p.kit.stream != nullptr && rows <= p.kit.stream_rows && !job.b.source.quantize;
+  return p.kit.stream != nullptr && rows <= p.kit.stream_rows(job.b.source) &&
+         !job.b.source.quantize;
 }
 
 // The longest contraction chunk of a task of `rows` rows whose B is packed (see run_task).
