@@ -68,19 +68,40 @@ GMM_TARGET_AVX512 inline __m512i run_pairs(const void* data, std::int64_t index,
 // and drops its calls.
 inline void prefetch_line_l2(const char* line) { asm volatile("prefetcht1 (%0)" : : "r"(line)); }
 
-// Prefetches (into L2) part `part` of `parts` of the lines of rows [row0, row1) of a
-// lanes-contiguous B over columns [n, n + cols), taken whole row after whole row, so that the
-// memory sees each row's run in order whatever order the kernel then reads it in.
-inline void prefetch_rows(const PanelSource& b, std::int64_t row0, std::int64_t row1,
-                          std::int64_t n, std::int64_t cols, std::int64_t element,
-                          std::int64_t part, std::int64_t parts) {
-  if (b.lane_stride != 1) return;
-  const std::int64_t row_lines = (cols * element + 63) / 64, lines = (row1 - row0) * row_lines;
-  const char* base = static_cast<const char*>(b.data) + (row0 * b.k_stride + n) * element;
-  for (std::int64_t t = part * lines / parts; t < (part + 1) * lines / parts; ++t) {
-    prefetch_line_l2(base + (t / row_lines) * b.k_stride * element + (t % row_lines) * 64);
+// Prefetches (into L2) the lines of rows [row0, row1) of a lanes-contiguous B over columns
+// [n, n + cols), whole row after whole row, a part at a time: the next band's rows, spread over
+// the blocks (or strips) of the current band, so that the memory sees each row's run in order
+// whatever order the kernel then reads it in (each row is a new page of the weights, which the
+// hardware prefetchers do not follow). No-op for B with strided lanes.
+class RowPrefetcher {
+ public:
+  RowPrefetcher(const PanelSource& b, std::int64_t row0, std::int64_t row1, std::int64_t n,
+                std::int64_t cols, std::int64_t element, std::int64_t parts)
+      : row_(static_cast<const char*>(b.data) + (row0 * b.k_stride + n) * element),
+        row_bytes_(cols * element),
+        stride_(b.k_stride * element),
+        rows_left_(b.lane_stride == 1 ? row1 - row0 : 0) {
+    const std::int64_t lines = rows_left_ * ((row_bytes_ + 63) / 64);
+    per_part_ = (lines + parts - 1) / std::max<std::int64_t>(1, parts);
   }
-}
+
+  // Prefetches the next part's lines.
+  void next_part() {
+    for (std::int64_t line = 0; line < per_part_ && rows_left_ > 0; ++line) {
+      prefetch_line_l2(row_ + offset_);
+      offset_ += 64;
+      if (offset_ >= row_bytes_) {
+        offset_ = 0;
+        row_ += stride_;
+        --rows_left_;
+      }
+    }
+  }
+
+ private:
+  const char* row_;
+  std::int64_t row_bytes_, stride_, rows_left_, offset_ = 0, per_part_ = 0;
+};
 
 // The epilogue of one row of a span: c (= or +=) acc * row_scale * col_scales over `cols`
 // columns.
@@ -150,10 +171,11 @@ GMM_TARGET_AVX512BF16 void stream_bf16_lanes(const PanelSource& b, std::int64_t 
     for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
     for (std::int64_t p0 = 0; p0 < pairs; p0 += kStreamBand) {
       const std::int64_t p1 = std::min(pairs, p0 + kStreamBand);
+      RowPrefetcher next_band(b, k0 + 2 * (p0 + kStreamBand), k0 + 2 * (p1 + kStreamBand), n, cols,
+                              element, blocks);
       for (std::int64_t block = 0; block < blocks; ++block) {
         const std::int64_t j = block * kBlock;
-        prefetch_rows(b, k0 + 2 * (p0 + kStreamBand), k0 + 2 * (p1 + kStreamBand), n, cols, element,
-                      block, blocks);
+        next_band.next_part();
         __m512 acc[kRows][kNv];
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
@@ -214,10 +236,11 @@ GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int6
     for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
     for (std::int64_t p0 = 0; p0 < pairs; p0 += kStreamBand) {
       const std::int64_t p1 = std::min(pairs, p0 + kStreamBand);
+      RowPrefetcher next_band(b, k0 + 2 * (p0 + kStreamBand), k0 + 2 * (p1 + kStreamBand), n, cols,
+                              1, blocks);
       for (std::int64_t block = 0; block < blocks; ++block) {
         const std::int64_t j = block * kBlock;
-        prefetch_rows(b, k0 + 2 * (p0 + kStreamBand), k0 + 2 * (p1 + kStreamBand), n, cols, 1,
-                      block, blocks);
+        next_band.next_part();
         __m512 acc[kRows][kNv];
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
@@ -326,10 +349,9 @@ struct StripBand {
 };
 
 // One band for a block of kRows rows (the last kRows - valid of them repeat row 0 of the block,
-// and their sums are dropped), strip by strip; `prefetch` (the next band's rows, part by part)
-// is run once per strip.
-template <DType kDtype, int kRows, class Prefetch>
-GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, const Prefetch& prefetch) {
+// and their sums are dropped), strip by strip, each strip prefetching a part of the next band.
+template <DType kDtype, int kRows>
+GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, RowPrefetcher& next_band) {
   static const Fp8QuadZip fp8_zip;
   static const Bf16PairZip bf16_zip;
   Fp8Widener widener{};
@@ -349,7 +371,7 @@ GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, const Pr
   const bool first = band.first;
   for (std::int64_t strip = 0; strip < strips; ++strip) {
     const std::int64_t j = 16 * strip;
-    prefetch(strip, strips);
+    next_band.next_part();
     const __mmask16 live = first_lanes(cols - j);
     __m512 acc[kRows];
 #pragma GCC unroll 16
@@ -421,18 +443,14 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
         }
         band.sums = sums + i0 * kStripSumsStride;
         // the first block prefetches the next band
-        const auto prefetch = [&](std::int64_t part, std::int64_t parts) {
-          if (i0 == 0) {
-            prefetch_rows(b, k0 + 2 * (p0 + kStripBand), k0 + 2 * (p1 + kStripBand), n, cols,
-                          kElement, part, parts);
-          }
-        };
+        RowPrefetcher next_band(b, k0 + 2 * (p0 + kStripBand), k0 + 2 * (p1 + kStripBand), n,
+                                i0 == 0 ? cols : 0, kElement, (cols + 15) / 16);
         if (width == 8) {
-          strip_band<kDtype, 8>(band, valid, prefetch);
+          strip_band<kDtype, 8>(band, valid, next_band);
         } else if (width == 12) {
-          strip_band<kDtype, 12>(band, valid, prefetch);
+          strip_band<kDtype, 12>(band, valid, next_band);
         } else {
-          strip_band<kDtype, 16>(band, valid, prefetch);
+          strip_band<kDtype, 16>(band, valid, next_band);
         }
       }
     }
@@ -564,9 +582,11 @@ GMM_TARGET_AVX512 void stream_f32_lanes(const PanelSource& b, std::int64_t n0, s
     for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
     for (std::int64_t r0 = 0; r0 < kc; r0 += kBandRows) {
       const std::int64_t r1 = std::min(kc, r0 + kBandRows);
+      RowPrefetcher next_band(b, k0 + r0 + kBandRows, k0 + r1 + kBandRows, n, cols, element,
+                              blocks);
       for (std::int64_t block = 0; block < blocks; ++block) {
         const std::int64_t j = block * kBlock;
-        prefetch_rows(b, k0 + r0 + kBandRows, k0 + r1 + kBandRows, n, cols, element, block, blocks);
+        next_band.next_part();
         __m512 acc[kRows][kNv];
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
