@@ -226,7 +226,8 @@ TEST(V2Kernels, AbsmaxMatchesReference) {
 
 // A kit's output epilogue stores (or adds) fp32 values into f32 / bf16 rows exactly as the
 // scalar path does (Eigen's bfloat16 rounding, signed NaN), for row lengths around the vector
-// width, without touching elements past the row.
+// width, rows starting on and off a vector's alignment, through the caches or past them
+// (non-temporal stores), without touching elements before or past the row.
 TEST(V2Kernels, StoreRowMatchesScalar) {
   Rng rng(10);
   std::vector<float> values = adversarial_values(rng);
@@ -237,39 +238,52 @@ TEST(V2Kernels, StoreRowMatchesScalar) {
   int checked = 0;
   for (const KernelKit& kit : kits()) {
     if (kit.store_row == nullptr) continue;
+    ASSERT_NE(kit.store_fence, nullptr) << name(kit.isa);
     for (DType d : {DType::f32, DType::bf16}) {
       for (bool accumulate : {false, true}) {
-        for (std::int64_t n : {1, 15, 16, 17, 33, 100}) {
-          std::vector<float> src(n);
-          for (float& x : src) x = values[rng.integer(0, values.size() - 1)];
-          const std::int64_t padded = n + 5;  // elements past n must stay as they were
-          std::vector<unsigned char> fast(padded * size_of(d)), slow;
-          for (std::int64_t j = 0; j < padded; ++j) {
-            store_as(fast.data(), d, j, values[rng.integer(0, values.size() - 1)]);
-          }
-          slow = fast;
-          kit.store_row(src.data(), fast.data(), d, n, accumulate);
-          for (std::int64_t j = 0; j < n; ++j) {
-            const float old = load_as_float(slow.data(), d, j);
-            const float sum = accumulate ? old + src[j] : src[j];
-            if (d == DType::f32) {
-              std::memcpy(slow.data() + j * 4, &sum, 4);
-            } else {
-              const bfloat16 rounded(sum);
-              std::memcpy(slow.data() + j * 2, &rounded, 2);
+        for (bool bypass : {false, true}) {
+          if (accumulate && bypass) continue;      // not a combination the driver asks for
+          for (std::int64_t offset : {0, 1, 5}) {  // elements after a 64-byte boundary
+            for (std::int64_t n : {1, 15, 16, 17, 33, 64, 100, 130}) {
+              std::vector<float> src(n);
+              for (float& x : src) x = values[rng.integer(0, values.size() - 1)];
+              const std::size_t size = size_of(d);
+              // the row sits at `offset` in a buffer aligned to 64 bytes, with 5 elements after
+              // it; every element around it must stay as it was
+              const std::int64_t padded = offset + n + 5;
+              std::vector<unsigned char> buffer(padded * size + 64), slow(padded * size);
+              const std::size_t shift =
+                  (64 - reinterpret_cast<std::uintptr_t>(buffer.data()) % 64) % 64;
+              unsigned char* fast = buffer.data() + shift;
+              for (std::int64_t j = 0; j < padded; ++j) {
+                store_as(fast, d, j, values[rng.integer(0, values.size() - 1)]);
+              }
+              std::memcpy(slow.data(), fast, slow.size());
+              kit.store_row(src.data(), fast + offset * size, d, n, accumulate, bypass);
+              if (bypass) kit.store_fence();
+              for (std::int64_t j = 0; j < n; ++j) {
+                const float old = load_as_float(slow.data(), d, offset + j);
+                const float sum = accumulate ? old + src[j] : src[j];
+                if (d == DType::f32) {
+                  std::memcpy(slow.data() + (offset + j) * 4, &sum, 4);
+                } else {
+                  const bfloat16 rounded(sum);
+                  std::memcpy(slow.data() + (offset + j) * 2, &rounded, 2);
+                }
+              }
+              for (std::int64_t j = 0; j < padded; ++j) {
+                // a sum of two NaNs may keep either one's sign: only that is left open
+                const bool both_nan = accumulate && std::isnan(load_as_float(fast, d, j)) &&
+                                      std::isnan(load_as_float(slow.data(), d, j));
+                EXPECT_TRUE(both_nan ||
+                            std::memcmp(fast + j * size, slow.data() + j * size, size) == 0)
+                    << name(kit.isa) << " " << name(d) << " n " << n << " offset " << offset
+                    << " element " << j << (accumulate ? " accumulate" : "")
+                    << (bypass ? " bypass" : "");
+              }
+              ++checked;
             }
           }
-          const std::size_t size = size_of(d);
-          for (std::int64_t j = 0; j < padded; ++j) {
-            // a sum of two NaNs may keep either one's sign: only that is left open
-            const bool both_nan = accumulate && std::isnan(load_as_float(fast.data(), d, j)) &&
-                                  std::isnan(load_as_float(slow.data(), d, j));
-            EXPECT_TRUE(both_nan ||
-                        std::memcmp(fast.data() + j * size, slow.data() + j * size, size) == 0)
-                << name(kit.isa) << " " << name(d) << " n " << n << " element " << j
-                << (accumulate ? " accumulate" : "");
-          }
-          ++checked;
         }
       }
     }

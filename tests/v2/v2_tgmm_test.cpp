@@ -86,6 +86,30 @@ TEST_P(V2Tgmm, SameBitsForAnyThreadCount) {
   }
 }
 
+// An output of at least 32 MiB (a weight gradient like DeepSeek-V3's) is written past the
+// caches on the AVX-512 paths (non-temporal stores, f32 and bf16): still right against the
+// oracle, and the same bits on 1 and 2 threads.
+TEST_P(V2Tgmm, LargeOutputsBypassTheCaches) {
+  const TgmmRecipe r{"bf16", {DType::bf16}, {DType::bf16}};
+  for (DType out : {DType::f32, DType::bf16}) {
+    const std::int64_t groups = out == DType::f32 ? 2 : 4;  // 32 MiB of 2048 x 2048 outputs
+    std::vector<std::int32_t> sizes(groups, 2);
+    const CaseShape s{"large output", 2 * groups, 2048, 2048, sizes};
+    OwnedOutput first;
+    for (int threads : {1, 2}) {
+      Rng rng(415);
+      OwnedOutput got;
+      ASSERT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s, threads), out, &got))
+          << name(out) << " " << threads << " threads";
+      if (threads == 1) {
+        first = got;
+      } else {
+        EXPECT_TRUE(same_bits(first, got)) << name(out);
+      }
+    }
+  }
+}
+
 // Many short groups (1 to 33 rows, some empty, a shard after group_offset) whose rows share the
 // quantization blocks along M (whole M and 24 rows: the absmax tables shared by the groups'
 // jobs), K and N not multiples of 32, bf16 and f32 outputs: right against the oracle, and the

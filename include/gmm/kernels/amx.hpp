@@ -93,6 +93,7 @@ inline KernelKit amx_kit() {
   kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
+  kit.store_fence = store_fence_x86;
   kit.begin = amx_begin;
   kit.end = amx_end;
   kit.tiles = {256, 512, 512};

@@ -537,9 +537,33 @@ GMM_TARGET_AVX512 inline __m256i round_to_bf16_words(__m512 x) {
       _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan));
 }
 
-// KernelKit::store_row of the AVX-512 paths: 16 values per step, masked at the row's end.
+// KernelKit::store_row of the AVX-512 paths: 16 values per step, masked at the row's end; with
+// bypass_cache, the whole vectors of 16 values that are aligned to their size stream past the
+// caches (vmovntps / vmovntdq).
 GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, DType dtype,
-                                                   std::int64_t n, bool accumulate) {
+                                                   std::int64_t n, bool accumulate,
+                                                   bool bypass_cache) {
+  if (bypass_cache && !accumulate) {
+    const std::int64_t element = static_cast<std::int64_t>(size_of(dtype)), vector = 16 * element;
+    const std::int64_t misaligned =
+        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % vector);
+    const std::int64_t head =
+        misaligned % element != 0 ? n : std::min(n, (vector - misaligned) % vector / element);
+    store_row_avx512_out(src, dst, dtype, head, false, false);
+    std::int64_t j = head;
+    for (; j + 16 <= n; j += 16) {
+      const __m512 v = _mm512_loadu_ps(src + j);
+      if (dtype == DType::f32) {
+        _mm512_stream_ps(static_cast<float*>(dst) + j, v);
+      } else {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(dst) + j),
+                            round_to_bf16_words(v));
+      }
+    }
+    store_row_avx512_out(src + j, static_cast<unsigned char*>(dst) + j * element, dtype, n - j,
+                         false, false);
+    return;
+  }
   for (std::int64_t j = 0; j < n; j += 16) {
     const __mmask16 mask = first_lanes(n - j);
     __m512 v = _mm512_maskz_loadu_ps(mask, src + j);
@@ -558,6 +582,9 @@ GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, 
     }
   }
 }
+
+// KernelKit::store_fence of the AVX-512 paths.
+inline void store_fence_x86() { _mm_sfence(); }
 
 // ---- Micro-kernels ------------------------------------------------------------------------
 
@@ -679,6 +706,7 @@ inline KernelKit avx512f_kit() {
   kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
+  kit.store_fence = store_fence_x86;
   kit.tiles = {384, 128, 512};
   return kit;
 }
@@ -697,6 +725,7 @@ inline KernelKit avx512bf16_kit() {
   kit.stream_rows = stream_rows_avx512_bf16;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
+  kit.store_fence = store_fence_x86;
   kit.tiles = {512, 512, 512};
   return kit;
 }

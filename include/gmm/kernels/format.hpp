@@ -82,8 +82,10 @@ using AbsmaxFn = void (*)(const PanelSource& source, std::int64_t lane0, std::in
 
 // Stores n fp32 values into an f32 or bf16 output row (bf16: rounded to nearest even, NaN kept
 // with its sign as Eigen's bfloat16 conversion does), or adds them to it when `accumulate`.
+// `bypass_cache` (not with `accumulate`): an output too large to be read back from cache, whose
+// aligned vectors are stored non-temporally; KernelKit::store_fence orders those stores.
 using StoreRowFn = void (*)(const float* src, void* dst, DType dtype, std::int64_t n,
-                            bool accumulate);
+                            bool accumulate, bool bypass_cache);
 
 // Everything a driver needs from one ISA path for one kind of data: the format, its packers, its
 // micro-kernel, the absmax scan of in-kernel quantization, and the default cache blocking (rows,
@@ -105,6 +107,9 @@ struct KernelKit {
   int (*stream_rows)(const PanelSource& b) = nullptr;
   AbsmaxFn absmax = nullptr;
   StoreRowFn store_row = nullptr;  // optional: vectorized output epilogue
+  // With store_row: makes the non-temporal stores of store_row(bypass_cache) visible before any
+  // later store (run by each worker at the end of a task that bypassed the cache).
+  void (*store_fence)() = nullptr;
   // Optional: run by each worker before and after a run of micro-kernel calls (AMX: load and
   // release the tile configuration).
   void (*begin)() = nullptr;

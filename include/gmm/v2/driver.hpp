@@ -61,6 +61,7 @@ struct Product {
   DType out_dtype = DType::f32;
   std::int64_t out_row_stride = 0;
   bool accumulate = false;
+  bool bypass_cache = false;  // the output streams past the caches (see run_product)
   std::vector<Job> jobs;
   std::vector<AbsmaxTable> tables;
   std::int64_t streamed_tasks = 0;  // tasks run_product gave to run_stream_task
@@ -162,7 +163,7 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, std::int
     const std::int64_t offset = i * p.out_row_stride + b0;
     if (p.kit.store_row != nullptr) {
       p.kit.store_row(src, static_cast<unsigned char*>(job.out) + offset * element, p.out_dtype,
-                      cols, p.accumulate);
+                      cols, p.accumulate, p.bypass_cache);
       continue;
     }
     if (p.out_dtype == DType::f32) {
@@ -262,6 +263,7 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
     a_offset += f.panel_bytes(static_cast<int>(rows), kc);
   }
   write_tile(p, job, t, t.n0, cols, ws.c.data(), cols);
+  if (p.bypass_cache) p.kit.store_fence();
 }
 
 // Computes one task whose B is packed: pack the task's A rows over the whole contraction once
@@ -340,6 +342,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     write_tile(p, job, t, b0, cols, ws.c.data(), ldc);
   }
   if (p.kit.end != nullptr) p.kit.end();
+  if (p.bypass_cache) p.kit.store_fence();
 }
 
 // The task blocking of a call: Options::tiles where set, else the kit's defaults, rounded up to
@@ -444,9 +447,20 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
   return tasks;
 }
 
+// Outputs of at least this many bytes (beyond the last-level cache of most CPUs, so never read
+// back from cache) are written with non-temporal stores, which skip reading each line before
+// writing it: the weight gradient of the DeepSeek-V3 shapes is written once, 29 MB per expert.
+constexpr std::int64_t kBypassCacheBytes = 32 * 1024 * 1024;
+
 // Computes the absmax tables, splits every job into tasks (split_tasks: results do not depend on
 // the thread count) and runs them on `threads` workers. Returns the peak bytes of all buffers.
 inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
+  std::int64_t out_bytes = 0;
+  for (const Job& job : p.jobs) {
+    out_bytes += (job.a_end - job.a_begin) * p.n * static_cast<std::int64_t>(size_of(p.out_dtype));
+  }
+  p.bypass_cache = !p.accumulate && p.kit.store_row != nullptr && p.kit.store_fence != nullptr &&
+                   out_bytes >= kBypassCacheBytes;
   // absmax scales of in-kernel quantization: one table per side and lane range (consecutive jobs
   // on the same lanes of the same source share it), each block a job touches computed once, in
   // lane chunks
