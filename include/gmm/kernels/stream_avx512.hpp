@@ -431,6 +431,9 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
       band.cols = cols;
       band.a_pairs = a_pairs;
       band.first = p0 == 0;
+      // the first block's strips prefetch the next band whole; later blocks find it spent
+      RowPrefetcher next_band(b, k0 + 2 * (p0 + kStripBand), k0 + 2 * (p1 + kStripBand), n, cols,
+                              kElement, (cols + 15) / 16);
       for (int i0 = 0; i0 < rows; i0 += kStripBlock) {
         const int valid = std::min(kStripBlock, rows - i0);
         const int width = valid <= 8 ? 8 : valid <= 12 ? 12 : 16;
@@ -442,9 +445,6 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
           }
         }
         band.sums = sums + i0 * kStripSumsStride;
-        // the first block prefetches the next band
-        RowPrefetcher next_band(b, k0 + 2 * (p0 + kStripBand), k0 + 2 * (p1 + kStripBand), n,
-                                i0 == 0 ? cols : 0, kElement, (cols + 15) / 16);
         if (width == 8) {
           strip_band<kDtype, 8>(band, valid, next_band);
         } else if (width == 12) {
