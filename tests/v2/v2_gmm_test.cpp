@@ -46,17 +46,26 @@ TEST_P(V2Gmm, Fp8RecipeAcrossTiles) {
   }
 }
 
-// A task whose A block over the whole contraction is too large to keep (more than 4 MiB) packs
-// it again per block of columns; results are the same.
+// A task whose A block over the whole contraction is too large to keep (more than 32 MiB) packs
+// it again per block of columns, and allocates no whole block (trace); results are the same.
 TEST_P(V2Gmm, LargeAblockRepackedPerColumnBlock) {
   Rng rng(252);
-  const CaseShape s{"large_a", 512, 4200, 40, {512}, 0, 0, {512, 512, 16}};
+  constexpr std::int64_t kRows = 512, kBlockBytes = 32 * 1024 * 1024;
   const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
   const GmmRecipe fp8{"fp8",
                       {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 600)},
                       {DType::float8_e4m3fn, {1, 0, 1}}};
-  for (const GmmRecipe& r : {f32, fp8}) {
-    EXPECT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s), DType::f32)) << r.label;
+  // Contractions past 32 MiB of packed A at 4 bytes (f32) and 2 bytes (bf16 pairs) per value;
+  // 17 columns are two blocks of 16.
+  for (const auto& [r, k] :
+       {std::pair{f32, std::int64_t{17000}}, std::pair{fp8, std::int64_t{34200}}}) {
+    ASSERT_GT(kRows * k * (r.label == "f32" ? 4 : 2), kBlockBytes);
+    const CaseShape s{"large_a", kRows, k, 17, {kRows}, 0, 0, {kRows, 512, 16}};
+    CallTrace trace;
+    Options o = make_options(GetParam(), s);
+    o.trace = &trace;
+    EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::f32)) << r.label;
+    EXPECT_LT(trace.extra_bytes, kBlockBytes) << r.label;
   }
 }
 

@@ -36,6 +36,19 @@
 
 namespace gmm::kernels {
 
+// Prefetches the line at `line` into L2. On x86 an asm statement, not _mm_prefetch: GCC takes
+// __builtin_prefetch for free of side effects, finds a function whose loop only prefetches pure,
+// and drops its calls.
+inline void prefetch_line_l2(const void* line) {
+#if GMM_KERNELS_X86
+  asm volatile("prefetcht1 (%0)" : : "r"(line));
+#elif defined(__GNUC__)
+  __builtin_prefetch(line, 0, 2);
+#else
+  static_cast<void>(line);
+#endif
+}
+
 // What the running CPU and OS can execute; each flag already includes OS support of the
 // register state (xgetbv) and every companion extension the path's kernels use.
 struct CpuFeatures {

@@ -63,11 +63,6 @@ GMM_TARGET_AVX512 inline __m512i run_pairs(const void* data, std::int64_t index,
   }
 }
 
-// Prefetches the line at `line` into L2. An asm statement, not _mm_prefetch: GCC takes
-// __builtin_prefetch for free of side effects, finds a function whose loop only prefetches pure,
-// and drops its calls.
-inline void prefetch_line_l2(const char* line) { asm volatile("prefetcht1 (%0)" : : "r"(line)); }
-
 // Prefetches (into L2) the lines of rows [row0, row1) of a lanes-contiguous B over columns
 // [n, n + cols), whole row after whole row, a part at a time: the next band's rows, spread over
 // the blocks (or strips) of the current band, so that the memory sees each row's run in order

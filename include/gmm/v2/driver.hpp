@@ -182,8 +182,11 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, std::int
   }
 }
 
-// Largest A block a task packs once over the whole contraction (see run_task).
-constexpr std::int64_t kWholeABytes = 4 * 1024 * 1024;
+// Largest A block a task packs once over the whole contraction (see run_task): 32 MiB per worker
+// covers tiles.m rows of an fp32 contraction of 20k (Mixtral's dlhs contracts over 14336). A
+// larger block is packed (and quantized) again for every block of columns, which costs more than
+// reading the packed block back from memory, panel by panel, prefetched.
+constexpr std::int64_t kWholeABytes = 32 * 1024 * 1024;
 
 // Bytes of the packed B block of a task of a few rows (see run_task).
 constexpr std::int64_t kSkinnyBlockBytes = 512 * 1024;
@@ -328,6 +331,12 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
       const float* a_scales = ws.a_scales.data() + c * rows_padded;
       for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+        if (whole_a && ir + f.mr < rows_padded) {  // the next panel, from memory: into L2 now
+          const unsigned char* next = ws.a_packed.data() + a_offset + (ir / f.mr + 1) * a_panel;
+          for (std::size_t line = 0; line < a_panel; line += 64) {
+            kernels::prefetch_line_l2(next + line);
+          }
+        }
         for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
           const bool few = rows - ir <= p.kit.few_rows;
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
