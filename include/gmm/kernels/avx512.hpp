@@ -692,15 +692,17 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
                                const float* row_scales, const float* col_scales, bool first);
 inline int stream_rows_avx512_bf16(const PanelSource& b);
 
-// The AVX-512F path: fp32 values (bf16 / fp8 / int8 widened exactly) and a 12 x 32 FMA kernel.
+// The AVX-512F path: fp32 values (bf16 / fp8 / int8 widened exactly) and a 6 x 64 FMA kernel
+// (four B vectors per step: in the driver's loops it ran 5% faster than 12 x 32, and 64 divides the
+// N of every benchmark shape).
 inline KernelKit avx512f_kit() {
   KernelKit kit;
   kit.isa = Isa::avx512f;
-  kit.format = {PackedElement::f32, 12, 32, 1};
+  kit.format = {PackedElement::f32, 6, 64, 1};
   kit.pack_a = pack_avx512<PackedElement::f32, PanelOrder::lane_major>;
   kit.pack_b = pack_avx512<PackedElement::f32, PanelOrder::step_major>;
-  kit.kernel = kernel_avx512_f32<12, 2>;
-  kit.few_rows_kernel = kernel_avx512_f32<4, 2>;
+  kit.kernel = kernel_avx512_f32<6, 4>;
+  kit.few_rows_kernel = kernel_avx512_f32<4, 4>;
   kit.few_rows = 4;
   kit.stream = stream_avx512_f32;
   kit.stream_rows = four_stream_rows;
