@@ -69,6 +69,23 @@ TEST_P(V2Gmm, LargeAblockRepackedPerColumnBlock) {
   }
 }
 
+// Without requested tiles, dlhs's transposed weights (contiguous contraction runs) are packed in
+// the kits' longer contraction chunks over narrower column blocks: several of each here (a
+// contraction of 2100, 300 columns, groups past the streaming kernels' rows).
+TEST_P(V2Gmm, TransposedWeightsInLongChunks) {
+  Rng rng(262);
+  const CaseShape s{"runs", 40, 2100, 300, {17, 23}};
+  const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
+  const GmmRecipe fp8{"fp8",
+                      {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 2100)},
+                      {DType::float8_e4m3fn, {1, 0, 1}}};
+  for (const GmmRecipe& r : {f32, fp8}) {
+    Options o = make_options(GetParam(), s);
+    o.transpose_rhs = true;
+    EXPECT_TRUE(run_gmm_case(rng, s, r, o, DType::f32)) << r.label;
+  }
+}
+
 // The trace names the path, family, tiles and what quantized each operand.
 TEST_P(V2Gmm, TraceSaysWhatRan) {
   Rng rng(303);

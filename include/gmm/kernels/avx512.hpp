@@ -710,6 +710,7 @@ inline KernelKit avx512f_kit() {
   kit.store_row = store_row_avx512_out;
   kit.store_fence = store_fence_x86;
   kit.tiles = {384, 128, 512};
+  kit.runs_chunk = 512;
   return kit;
 }
 
@@ -729,6 +730,7 @@ inline KernelKit avx512bf16_kit() {
   kit.store_row = store_row_avx512_out;
   kit.store_fence = store_fence_x86;
   kit.tiles = {512, 512, 512};
+  kit.runs_chunk = 1024;
   return kit;
 }
 

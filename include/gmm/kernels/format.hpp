@@ -115,6 +115,10 @@ struct KernelKit {
   void (*begin)() = nullptr;
   void (*end)() = nullptr;
   Tiles tiles;
+  // Optional (0: tiles.k): the contraction chunk of a B with contiguous contraction runs (dlhs's
+  // transposed weights), whose packer transposes tiles read from 16 lanes' runs: a longer chunk
+  // reads longer runs of each lane; the block of columns shrinks in proportion (same bytes).
+  std::int64_t runs_chunk = 0;
 };
 
 }  // namespace gmm::kernels

@@ -55,9 +55,10 @@ struct Job {
 // The whole call: its jobs and everything they share.
 struct Product {
   kernels::KernelKit kit;
-  Tiles tiles;               // rows, contraction and columns per task
-  std::int64_t n = 0;        // columns of C
-  std::int64_t segment = 1;  // scales are constant within aligned contraction segments
+  Tiles tiles;                  // rows, contraction and columns per task
+  std::int64_t runs_chunk = 0;  // contraction chunk of B with contiguous runs (make_product)
+  std::int64_t n = 0;           // columns of C
+  std::int64_t segment = 1;     // scales are constant within aligned contraction segments
   DType out_dtype = DType::f32;
   std::int64_t out_row_stride = 0;
   bool accumulate = false;
@@ -282,8 +283,12 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   // reads its weights once: it takes all its columns at once (whole rows of [K, N] weights are
   // read in order) with a chunk short enough to keep the B block in L2 (packed_chunk).
   const bool skinny = rows <= p.kit.few_rows;
-  const std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
-  const std::int64_t max_kc = packed_chunk(p, rows);
+  std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
+  std::int64_t max_kc = packed_chunk(p, rows);
+  if (!skinny && job.b.source.k_stride == 1 && p.runs_chunk > max_kc) {
+    block_cols = round_up(std::max<std::int64_t>(1, block_cols * max_kc / p.runs_chunk), f.nr);
+    max_kc = p.runs_chunk;
+  }
   const std::int64_t chunk_count = fill_chunks(p, job, max_kc, ws);
 
   // The A block over every chunk, with its per-row scales, packed once when it fits in
@@ -372,6 +377,10 @@ inline Product make_product(const kernels::KernelKit& kit, const Options& option
   Product p;
   p.kit = kit;
   p.tiles = resolve_tiles(kit, options.tiles);
+  const bool tiles_requested = options.tiles.k > 0 || options.tiles.n > 0;
+  p.runs_chunk = tiles_requested || kit.runs_chunk <= p.tiles.k
+                     ? p.tiles.k
+                     : round_up(kit.runs_chunk, kit.format.depth);
   p.n = n;
   p.segment = segment;
   p.out_dtype = out_dtype;
