@@ -285,6 +285,8 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const bool skinny = rows <= p.kit.few_rows;
   std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
   std::int64_t max_kc = packed_chunk(p, rows);
+  // B with contiguous contraction runs: the kit's longer chunk (KernelKit::runs_chunk) over
+  // proportionally fewer columns.
   if (!skinny && job.b.source.k_stride == 1 && p.runs_chunk > max_kc) {
     block_cols = round_up(std::max<std::int64_t>(1, block_cols * max_kc / p.runs_chunk), f.nr);
     max_kc = p.runs_chunk;
