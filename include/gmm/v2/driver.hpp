@@ -56,7 +56,7 @@ struct Job {
 struct Product {
   kernels::KernelKit kit;
   Tiles tiles;                  // rows, contraction and columns per task
-  std::int64_t runs_chunk = 0;  // contraction chunk of B with contiguous runs (make_product)
+  std::int64_t runs_chunk = 0;  // KernelKit::runs_chunk, 0 when the call requested tiles
   std::int64_t n = 0;           // columns of C
   std::int64_t segment = 1;     // scales are constant within aligned contraction segments
   DType out_dtype = DType::f32;
@@ -338,18 +338,17 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
       const float* a_scales = ws.a_scales.data() + c * rows_padded;
       for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+        const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
         if (whole_a && ir + f.mr < rows_padded) {  // the next panel, from memory: into L2 now
-          const unsigned char* next = ws.a_packed.data() + a_offset + (ir / f.mr + 1) * a_panel;
           for (std::size_t line = 0; line < a_panel; line += 64) {
-            kernels::prefetch_line_l2(next + line);
+            kernels::prefetch_line_l2(a_rows + a_panel + line);
           }
         }
         for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
           const bool few = rows - ir <= p.kit.few_rows;
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
-              steps, ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel,
-              ws.b_packed.data() + (jr / f.nr) * b_panel, ws.c.data() + ir * ldc + jr, ldc,
-              a_scales + ir, ws.b_scales.data() + jr, c == 0,
+              steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel,
+              ws.c.data() + ir * ldc + jr, ldc, a_scales + ir, ws.b_scales.data() + jr, c == 0,
               static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir)));
         }
       }
@@ -380,9 +379,7 @@ inline Product make_product(const kernels::KernelKit& kit, const Options& option
   p.kit = kit;
   p.tiles = resolve_tiles(kit, options.tiles);
   const bool tiles_requested = options.tiles.k > 0 || options.tiles.n > 0;
-  p.runs_chunk = tiles_requested || kit.runs_chunk <= p.tiles.k
-                     ? p.tiles.k
-                     : round_up(kit.runs_chunk, kit.format.depth);
+  p.runs_chunk = tiles_requested ? 0 : round_up(kit.runs_chunk, kit.format.depth);
   p.n = n;
   p.segment = segment;
   p.out_dtype = out_dtype;
