@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -165,11 +166,32 @@ inline OwnedMatrix random_matrix(Rng& rng, DType d, std::int64_t rows, std::int6
 // Sentinel held by output padding: a kernel writing past `cols` changes it.
 constexpr float kOutputPadding = -31337.0f;
 
+// Allocates on cache lines (64 bytes), so whether an output's rows start on lines depends on
+// its row stride only (v2 streams large outputs past the caches when they do).
+template <typename T>
+struct LineAlignedAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  LineAlignedAllocator() = default;
+  template <typename U>
+  LineAlignedAllocator(const LineAlignedAllocator<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, kAlignment); }
+  template <typename U>
+  bool operator==(const LineAlignedAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const LineAlignedAllocator<U>&) const {
+    return false;
+  }
+};
+
 // An f32 / bf16 output [groups, rows, cols] (groups == 1 for gmm) with padded rows.
 struct OwnedOutput {
   DType dtype = DType::f32;
   std::int64_t groups = 1, rows = 0, cols = 0, row_stride = 0, group_stride = 0;
-  std::vector<std::uint8_t> bytes;
+  std::vector<std::uint8_t, LineAlignedAllocator<std::uint8_t>> bytes;
 
   std::int64_t index(std::int64_t g, std::int64_t r, std::int64_t c) const {
     return g * group_stride + r * row_stride + c;

@@ -86,25 +86,37 @@ TEST_P(V2Tgmm, SameBitsForAnyThreadCount) {
   }
 }
 
-// An output of at least 32 MiB (a weight gradient like DeepSeek-V3's) is written past the
-// caches on the AVX-512 paths (non-temporal stores, f32 and bf16): still right against the
-// oracle, and the same bits on 1 and 2 threads.
+// An output of at least 32 MiB (a weight gradient like DeepSeek-V3's) whose rows start on cache
+// lines is written past the caches on the AVX-512 paths (non-temporal stores, f32 and bf16), an
+// empty group's zero block included; with rows off the lines (a padded row) it is not. Either
+// way: right against the oracle, and the same bits on 1 and 2 threads.
 TEST_P(V2Tgmm, LargeOutputsBypassTheCaches) {
   const TgmmRecipe r{"bf16", {DType::bf16}, {DType::bf16}};
+  const Isa isa = GetParam();
+  const bool avx512 = isa == Isa::avx512f || isa == Isa::avx512bf16 || isa == Isa::amx;
   for (DType out : {DType::f32, DType::bf16}) {
     const std::int64_t groups = out == DType::f32 ? 2 : 4;  // 32 MiB of 2048 x 2048 outputs
     std::vector<std::int32_t> sizes(groups, 2);
+    sizes[0] = 4;
+    sizes[1] = 0;
     const CaseShape s{"large output", 2 * groups, 2048, 2048, sizes};
-    OwnedOutput first;
-    for (int threads : {1, 2}) {
-      Rng rng(415);
-      OwnedOutput got;
-      ASSERT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s, threads), out, &got))
-          << name(out) << " " << threads << " threads";
-      if (threads == 1) {
-        first = got;
-      } else {
-        EXPECT_TRUE(same_bits(first, got)) << name(out);
+    for (std::int64_t row_pad : {0, 1}) {
+      OwnedOutput first;
+      for (int threads : {1, 2}) {
+        Rng rng(415);
+        OwnedOutput got;
+        CallTrace trace;
+        Options o = make_options(isa, s, threads);
+        o.trace = &trace;
+        ASSERT_TRUE(run_tgmm_case(rng, s, r, o, out, &got, row_pad))
+            << name(out) << " row_pad " << row_pad << " " << threads << " threads";
+        EXPECT_EQ(trace.output_past_caches, avx512 && row_pad == 0)
+            << name(out) << " row_pad " << row_pad;
+        if (threads == 1) {
+          first = got;
+        } else {
+          EXPECT_TRUE(same_bits(first, got)) << name(out) << " row_pad " << row_pad;
+        }
       }
     }
   }

@@ -76,6 +76,7 @@ struct CallTrace {
   OperandTrace rhs;
   std::int64_t extra_bytes = 0;     // peak bytes allocated beyond the outputs
   std::int64_t streamed_tasks = 0;  // v2: tasks of a few rows read from unpacked weights
+  bool output_past_caches = false;  // v2: the output was written with non-temporal stores
 };
 
 // Options of gmm::gmm and gmm::tgmm.

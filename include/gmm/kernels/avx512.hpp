@@ -538,20 +538,22 @@ GMM_TARGET_AVX512 inline __m256i round_to_bf16_words(__m512 x) {
 }
 
 // KernelKit::store_row of the AVX-512 paths: 16 values per step, masked at the row's end; with
-// bypass_cache, the whole vectors of 16 values that are aligned to their size stream past the
-// caches (vmovntps / vmovntdq).
+// bypass_cache, the whole cache lines of the row stream past the caches (vmovntps / vmovntdq)
+// and the partial lines at its ends are stored as usual (a line written both ways is slow).
 GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, DType dtype,
                                                    std::int64_t n, bool accumulate,
                                                    bool bypass_cache) {
   if (bypass_cache && !accumulate) {
-    const std::int64_t element = static_cast<std::int64_t>(size_of(dtype)), vector = 16 * element;
+    constexpr std::int64_t kLine = 64;
+    const std::int64_t element = static_cast<std::int64_t>(size_of(dtype));
     const std::int64_t misaligned =
-        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % vector);
+        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kLine);
     const std::int64_t head =
-        misaligned % element != 0 ? n : std::min(n, (vector - misaligned) % vector / element);
+        misaligned % element != 0 ? n : std::min(n, (kLine - misaligned) % kLine / element);
+    const std::int64_t line_values = kLine / element;
+    const std::int64_t lines_end = head + (n - head) / line_values * line_values;
     store_row_avx512_out(src, dst, dtype, head, false, false);
-    std::int64_t j = head;
-    for (; j + 16 <= n; j += 16) {
+    for (std::int64_t j = head; j < lines_end; j += 16) {
       const __m512 v = _mm512_loadu_ps(src + j);
       if (dtype == DType::f32) {
         _mm512_stream_ps(static_cast<float*>(dst) + j, v);
@@ -560,8 +562,8 @@ GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, 
                             round_to_bf16_words(v));
       }
     }
-    store_row_avx512_out(src + j, static_cast<unsigned char*>(dst) + j * element, dtype, n - j,
-                         false, false);
+    store_row_avx512_out(src + lines_end, static_cast<unsigned char*>(dst) + lines_end * element,
+                         dtype, n - lines_end, false, false);
     return;
   }
   for (std::int64_t j = 0; j < n; j += 16) {

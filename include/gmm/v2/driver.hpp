@@ -154,13 +154,13 @@ inline const AbsmaxTable* table(const Product& p, std::int64_t index) {
   return index < 0 ? nullptr : &p.tables[static_cast<std::size_t>(index)];
 }
 
-// Stores the fp32 tile of a task into the output (once rounded for bf16; added when
-// accumulating).
-inline void write_tile(const Product& p, const Job& job, const Task& t, std::int64_t b0,
-                       std::int64_t cols, const float* c, std::int64_t ldc) {
+// Stores rows [a0, a1) x columns [b0, b0 + cols) of C from their fp32 tile `c` (row a0 first)
+// into the output (once rounded for bf16; added when accumulating).
+inline void write_rows(const Product& p, const Job& job, std::int64_t a0, std::int64_t a1,
+                       std::int64_t b0, std::int64_t cols, const float* c, std::int64_t ldc) {
   const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
-  for (std::int64_t i = t.a0; i < t.a1; ++i) {
-    const float* src = c + (i - t.a0) * ldc;
+  for (std::int64_t i = a0; i < a1; ++i) {
+    const float* src = c + (i - a0) * ldc;
     const std::int64_t offset = i * p.out_row_stride + b0;
     if (p.kit.store_row != nullptr) {
       p.kit.store_row(src, static_cast<unsigned char*>(job.out) + offset * element, p.out_dtype,
@@ -189,8 +189,9 @@ inline void write_tile(const Product& p, const Job& job, const Task& t, std::int
 // reading the packed block back from memory, panel by panel, prefetched.
 constexpr std::int64_t kWholeABytes = 32 * 1024 * 1024;
 
-// Bytes of the packed B block of a task of a few rows (see run_task).
-constexpr std::int64_t kSkinnyBlockBytes = 512 * 1024;
+// Bytes of the packed B block of a task that takes many columns at once: a task of a few rows,
+// or one whose contraction is a single chunk (see run_task).
+constexpr std::int64_t kWideBlockBytes = 512 * 1024;
 
 // Columns of each streamed task (the tasks of a few rows split the columns among the workers):
 // with contiguous columns, 4 KiB of each contraction row (a page: the hardware prefetchers fetch
@@ -214,7 +215,7 @@ inline std::int64_t packed_chunk(const Product& p, std::int64_t rows) {
   const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
   if (rows > p.kit.few_rows) return std::max<std::int64_t>(1, p.tiles.k);
   const std::int64_t skinny_kc =
-      kSkinnyBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
+      kWideBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
   return std::max(quantum, std::min(p.tiles.k, skinny_kc) / quantum * quantum);
 }
 
@@ -266,15 +267,15 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
                  ws.b_scales.data(), c == 0);
     a_offset += f.panel_bytes(static_cast<int>(rows), kc);
   }
-  write_tile(p, job, t, t.n0, cols, ws.c.data(), cols);
+  write_rows(p, job, t.a0, t.a1, t.n0, cols, ws.c.data(), cols);
   if (p.bypass_cache) p.kit.store_fence();
 }
 
 // Computes one task whose B is packed: pack the task's A rows over the whole contraction once
 // (quantizing in the kernel where asked), then per block of tiles.n columns and contraction
 // chunk pack the B panels and run the micro-kernel across the B block for each A panel (the A
-// panel stays in L1 while the B block, tiles.k x tiles.n, streams from L2); finally store the
-// columns' tile.
+// panel stays in L1 while the B block, tiles.k x tiles.n, streams from L2); in the last chunk,
+// each A panel's rows of C are stored as soon as the kernel has run across the block.
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -292,6 +293,14 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     max_kc = p.runs_chunk;
   }
   const std::int64_t chunk_count = fill_chunks(p, job, max_kc, ws);
+  // One chunk (a short contraction, as tgmm's short groups): C holds one A panel at a time
+  // (below), so a block takes as many columns as its packed B keeps within kWideBlockBytes;
+  // a large output is then written in whole rows.
+  if (!skinny && chunk_count == 1) {
+    const std::int64_t panel =
+        static_cast<std::int64_t>(f.panel_bytes(f.nr, ws.chunks[1] - ws.chunks[0]));
+    block_cols = std::max(block_cols, kWideBlockBytes / panel * f.nr);
+  }
 
   // The A block over every chunk, with its per-row scales, packed once when it fits in
   // kWholeABytes (so quantizing it in the kernel happens once per row); otherwise each chunk's A
@@ -320,14 +329,25 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     a_offset += (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
   }
 
+  // C holds the task's rows across the contraction chunks; with at most one chunk, each A
+  // panel's rows are final once the kernel has run across the block, so C holds one panel.
+  const std::int64_t c_rows = chunk_count <= 1 ? f.mr : rows_padded;
+  const auto c_panel = [&](std::int64_t ir, std::int64_t ldc) {
+    return ws.c.data() + (chunk_count <= 1 ? 0 : ir * ldc);
+  };
   if (p.kit.begin != nullptr) p.kit.begin();
   for (std::int64_t b0 = t.n0; b0 < t.n1; b0 += block_cols) {
     const std::int64_t cols = std::min(block_cols, t.n1 - b0), ldc = round_up(cols, f.nr);
-    ws.c.resize(static_cast<std::size_t>(rows_padded * ldc));
+    ws.c.resize(static_cast<std::size_t>(c_rows * ldc));
     ws.b_scales.resize(static_cast<std::size_t>(ldc));
     ws.b_packed.resize((ldc / f.nr) *
                        f.panel_bytes(f.nr, std::min(max_kc, job.k_end - job.k_begin)));
-    if (chunk_count == 0) std::fill(ws.c.begin(), ws.c.end(), 0.0f);
+    if (chunk_count == 0) {  // an empty contraction: zeros
+      std::fill(ws.c.begin(), ws.c.end(), 0.0f);
+      for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+        write_rows(p, job, t.a0 + ir, t.a0 + std::min(rows, ir + f.mr), b0, cols, ws.c.data(), ldc);
+      }
+    }
     a_offset = 0;
     for (std::int64_t c = 0; c < chunk_count; ++c) {
       const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
@@ -344,17 +364,21 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
             kernels::prefetch_line_l2(a_rows + a_panel + line);
           }
         }
+        float* c_rows_of_panel = c_panel(ir, ldc);
         for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
           const bool few = rows - ir <= p.kit.few_rows;
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
-              steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel,
-              ws.c.data() + ir * ldc + jr, ldc, a_scales + ir, ws.b_scales.data() + jr, c == 0,
+              steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel, c_rows_of_panel + jr, ldc,
+              a_scales + ir, ws.b_scales.data() + jr, c == 0,
               static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir)));
+        }
+        if (c + 1 == chunk_count) {  // the panel's rows are final: stored while they are in L1
+          write_rows(p, job, t.a0 + ir, t.a0 + std::min(rows, ir + f.mr), b0, cols, c_rows_of_panel,
+                     ldc);
         }
       }
       if (whole_a) a_offset += (rows_padded / f.mr) * a_panel;
     }
-    write_tile(p, job, t, b0, cols, ws.c.data(), ldc);
   }
   if (p.kit.end != nullptr) p.kit.end();
   if (p.bypass_cache) p.kit.store_fence();
@@ -401,6 +425,7 @@ inline void trace_call(const Options& options, const char* op, const Product& p,
   t.threads = threads;
   t.extra_bytes = extra_bytes;
   t.streamed_tasks = p.streamed_tasks;
+  t.output_past_caches = p.bypass_cache;
   t.lhs = lhs;
   t.rhs = rhs;
 }
@@ -469,6 +494,9 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
 // writing it: the weight gradient of the DeepSeek-V3 shapes is written once, 29 MB per expert.
 constexpr std::int64_t kBypassCacheBytes = 32 * 1024 * 1024;
 
+// The unit non-temporal stores write whole (x86-64 cache lines).
+constexpr std::int64_t kCacheLineBytes = 64;
+
 // Computes the absmax tables, splits every job into tasks (split_tasks: results do not depend on
 // the thread count) and runs them on `threads` workers. Returns the peak bytes of all buffers.
 inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
@@ -476,8 +504,16 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
   for (const Job& job : p.jobs) {
     out_bytes += (job.a_end - job.a_begin) * p.n * static_cast<std::int64_t>(size_of(p.out_dtype));
   }
+  // Only outputs whose rows start on cache lines: rows that share their end lines with their
+  // neighbours would have those lines written both ways, which costs more than it saves.
+  const std::int64_t row_bytes = p.out_row_stride * static_cast<std::int64_t>(size_of(p.out_dtype));
+  bool rows_on_lines = row_bytes % kCacheLineBytes == 0;
+  for (const Job& job : p.jobs) {
+    rows_on_lines =
+        rows_on_lines && reinterpret_cast<std::uintptr_t>(job.out) % kCacheLineBytes == 0;
+  }
   p.bypass_cache = !p.accumulate && p.kit.store_row != nullptr && p.kit.store_fence != nullptr &&
-                   out_bytes >= kBypassCacheBytes;
+                   out_bytes >= kBypassCacheBytes && rows_on_lines;
   // absmax scales of in-kernel quantization: one table per side and lane range (consecutive jobs
   // on the same lanes of the same source share it), each block a job touches computed once, in
   // lane chunks
