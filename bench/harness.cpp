@@ -28,6 +28,8 @@ double Peaks::compute_peak(Recipe recipe, int threads) const {
 
 double Peaks::read_peak(int threads) const { return for_threads(read_bytes, threads); }
 
+double Peaks::write_peak(int threads) const { return for_threads(write_bytes, threads); }
+
 double weight_bytes(const Case& c, const Workload& w, const Operand& weights) {
   const double per_group = static_cast<double>(weights.rows * weights.cols) *
                            static_cast<double>(gmm::size_of(weights.dtype));
@@ -48,11 +50,12 @@ void set_counters(benchmark::State& state, const Case& c, const Workload& w, con
   const double flops = case_flops(w);
   const double calls_per_second = static_cast<double>(time.iterations) / time.seconds;
   const double compute_peak = peaks().compute_peak(c.recipe, threads);
-  const double read_peak = peaks().read_peak(threads);
+  const double bandwidth =
+      c.pass == Pass::drhs ? peaks().write_peak(threads) : peaks().read_peak(threads);
   state.counters["GFLOP"] = Counter(flops / 1e9, Counter::kIsIterationInvariantRate);
   state.counters["weight_GB"] = Counter(weight_bytes / 1e9, Counter::kIsIterationInvariantRate);
   if (compute_peak > 0) state.counters["pct_peak"] = 100 * flops * calls_per_second / compute_peak;
-  if (read_peak > 0) state.counters["pct_bw"] = 100 * weight_bytes * calls_per_second / read_peak;
+  if (bandwidth > 0) state.counters["pct_bw"] = 100 * weight_bytes * calls_per_second / bandwidth;
   state.counters["extra_bytes"] = static_cast<double>(extra_bytes);
 }
 

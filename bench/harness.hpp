@@ -17,6 +17,7 @@ struct Peaks {
   double fp32_flops[2] = {0, 0};      // vfmadd231ps, flop/s
   double bf16_flops[2] = {0, 0};      // vdpbf16ps, flop/s (0 when the CPU has no AVX-512 BF16)
   double read_bytes[2] = {0, 0};      // streaming read of a large buffer, bytes/s
+  double write_bytes[2] = {0, 0};     // non-temporal writes of a large buffer, bytes/s
   double amx_bf16_flops[2] = {0, 0};  // AMX tdpbf16ps, flop/s (0 without AMX)
   std::string fp32_isa, bf16_isa;
   // The compute peak a recipe is held to: fp32 FMA for fp32; for bf16 and fp8 (whose values are
@@ -24,6 +25,7 @@ struct Peaks {
   // product and fp32 FMA: this machine's limit for the recipe.
   double compute_peak(Recipe recipe, int threads) const;
   double read_peak(int threads) const;
+  double write_peak(int threads) const;
 };
 Peaks& peaks();
 
@@ -38,9 +40,10 @@ struct LoopTime {
 
 // Sets the counters: GFLOP and weight_GB as rates (printed GFLOP=x/s, weight_GB=y/s), pct_peak
 // (percent of the probed compute peak of the recipe), pct_bw (weight bytes per second as a
-// percent of the probed read bandwidth), and extra_bytes (peak bytes allocated beyond the
-// outputs). `weight_bytes`: bytes of the [G, K, N] operand per call (read by fwd and dlhs,
-// written by drhs).
+// percent of the probed read bandwidth for fwd and dlhs, which read the weights, and of the
+// probed write bandwidth for drhs, which writes them), and extra_bytes (peak bytes allocated
+// beyond the outputs). `weight_bytes`: bytes of the [G, K, N] operand per call (read by fwd and
+// dlhs, written by drhs).
 void set_counters(benchmark::State& state, const Case& c, const Workload& w, const LoopTime& time,
                   double weight_bytes, std::int64_t extra_bytes);
 

@@ -113,6 +113,7 @@ void add_context(const CommandLine& cl) {
     add(fmt::format("peak_fp32_{}t", t), fmt::format("{:.1f} GFLOP/s", p.fp32_flops[t - 1] / 1e9));
     add(fmt::format("peak_bf16_{}t", t), fmt::format("{:.1f} GFLOP/s", p.bf16_flops[t - 1] / 1e9));
     add(fmt::format("peak_read_{}t", t), fmt::format("{:.1f} GB/s", p.read_bytes[t - 1] / 1e9));
+    add(fmt::format("peak_write_{}t", t), fmt::format("{:.1f} GB/s", p.write_bytes[t - 1] / 1e9));
     add(fmt::format("peak_amx_bf16_{}t", t),
         fmt::format("{:.1f} GFLOP/s", p.amx_bf16_flops[t - 1] / 1e9));
   }

@@ -1,4 +1,5 @@
-// Probes of this machine's limits: fp32 FMA and bf16 dot-product peaks, memory read bandwidth.
+// Probes of this machine's limits: fp32 FMA and bf16 dot-product peaks, memory read and write
+// bandwidth.
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -151,6 +152,26 @@ float read_scalar(const float* data, std::int64_t count) {
   return sum;
 }
 
+// Streaming writes with non-temporal stores (each line written without being read first), as
+// gmm writes outputs of 32 MiB or more.
+__attribute__((target("avx512f"))) void write_avx512(float* data, std::int64_t count) {
+  const __m512 value = _mm512_set1_ps(1.0f);
+  for (std::int64_t i = 0; i + 64 <= count; i += 64) {
+    for (int c = 0; c < 4; ++c) _mm512_stream_ps(data + i + 16 * c, value);
+  }
+  _mm_sfence();
+}
+
+__attribute__((target("avx2"))) void write_avx2(float* data, std::int64_t count) {
+  const __m256 value = _mm256_set1_ps(1.0f);
+  for (std::int64_t i = 0; i + 32 <= count; i += 32) {
+    for (int c = 0; c < 4; ++c) _mm256_stream_ps(data + i + 8 * c, value);
+  }
+  _mm_sfence();
+}
+
+void write_scalar(float* data, std::int64_t count) { std::fill(data, data + count, 1.0f); }
+
 using Clock = std::chrono::steady_clock;
 
 // Runs work(thread) on `threads` threads started together; returns the wall time in seconds.
@@ -221,19 +242,32 @@ Peaks probe_peaks(bool quick) {
   float* buffer = static_cast<float*>(std::aligned_alloc(64, count * sizeof(float)));
   if (buffer == nullptr) return p;
   for (std::int64_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023);
-  for (int t = 1; t <= 2; ++t) {
+  // Best of repeats + 1 passes over the buffer, split among t threads, in bytes/s.
+  const auto bandwidth = [&](int t, auto&& pass) {
     double best = 0;
     for (int r = 0; r < repeats + 1; ++r) {
       const std::int64_t share = count / t;
-      const double seconds = run_on_threads(t, [&](int thread) {
-        const float* start = buffer + thread * share;
-        g_sink = avx512 ? read_avx512(start, share)
-                 : avx2 ? read_avx2(start, share)
-                        : read_scalar(start, share);
-      });
+      const double seconds =
+          run_on_threads(t, [&](int thread) { pass(buffer + thread * share, share); });
       best = std::max(best, static_cast<double>(count) * sizeof(float) / seconds);
     }
-    p.read_bytes[t - 1] = best;
+    return best;
+  };
+  for (int t = 1; t <= 2; ++t) {
+    p.read_bytes[t - 1] = bandwidth(t, [&](const float* start, std::int64_t share) {
+      g_sink = avx512 ? read_avx512(start, share)
+               : avx2 ? read_avx2(start, share)
+                      : read_scalar(start, share);
+    });
+    p.write_bytes[t - 1] = bandwidth(t, [&](float* start, std::int64_t share) {
+      if (avx512) {
+        write_avx512(start, share);
+      } else if (avx2) {
+        write_avx2(start, share);
+      } else {
+        write_scalar(start, share);
+      }
+    });
   }
   std::free(buffer);
   return p;
