@@ -193,6 +193,11 @@ constexpr std::int64_t kWholeABytes = 32 * 1024 * 1024;
 // or one whose contraction is a single chunk (see run_task).
 constexpr std::int64_t kWideBlockBytes = 512 * 1024;
 
+// Bytes of C one A panel holds across a block of a one-chunk task (see run_task): half of a
+// 32 KiB L1, so the panel's rows are still there when they are stored. (A whole 4096-column row
+// of bf16 decode drhs kept there in L2 took 1.4x as long.)
+constexpr std::int64_t kPanelOfCBytes = 16 * 1024;
+
 // Columns of each streamed task (the tasks of a few rows split the columns among the workers):
 // with contiguous columns, 4 KiB of each contraction row (a page: the hardware prefetchers fetch
 // whole pages of a partly read row, and the memory serves whole rows best); with contiguous
@@ -294,12 +299,14 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   }
   const std::int64_t chunk_count = fill_chunks(p, job, max_kc, ws);
   // One chunk (a short contraction, as tgmm's short groups): C holds one A panel at a time
-  // (below), so a block takes as many columns as its packed B keeps within kWideBlockBytes;
-  // a large output is then written in whole rows.
+  // (below), so a block takes as many columns as keep that panel's rows of C within
+  // kPanelOfCBytes and its packed B within kWideBlockBytes.
   if (!skinny && chunk_count == 1) {
-    const std::int64_t panel =
+    const std::int64_t b_panel =
         static_cast<std::int64_t>(f.panel_bytes(f.nr, ws.chunks[1] - ws.chunks[0]));
-    block_cols = std::max(block_cols, kWideBlockBytes / panel * f.nr);
+    const std::int64_t c_cols =
+        kPanelOfCBytes / (f.mr * static_cast<std::int64_t>(sizeof(float))) / f.nr * f.nr;
+    block_cols = std::max(block_cols, std::min(kWideBlockBytes / b_panel * f.nr, c_cols));
   }
 
   // The A block over every chunk, with its per-row scales, packed once when it fits in
