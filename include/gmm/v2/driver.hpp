@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -456,9 +457,10 @@ constexpr int kTasksPerWorker = 4;
 // streams (streams()) is cut into column ranges of stream_columns() whatever the thread count
 // (one group of one row still keeps every worker busy); with several workers, another task
 // heavier than 1 / (kTasksPerWorker * threads) of the call's work (one large group, as in the
-// compute-bound shape) is cut into column ranges of whole tiles.n blocks. Results do not depend
-// on the cut: every element of C sums the same contraction chunks in the same order whatever its
-// task's columns.
+// compute-bound shape) is cut into column ranges of whole tiles.n blocks, none much heavier
+// than that. The tasks come heaviest first, so the workers, which claim them in order, end on the
+// lightest ones. Results depend on neither: every element of C sums the same contraction chunks
+// in the same order whatever its task's columns and whenever its task runs.
 inline std::vector<Task> split_tasks(const Product& p, int threads) {
   std::vector<Task> rows;
   double total = 0;
@@ -485,14 +487,16 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
     const std::int64_t pieces =
         skinny || threads <= 1
             ? 1
-            : std::clamp<std::int64_t>(static_cast<std::int64_t>(task_work(p, t) / target), 1,
-                                       column_blocks);
+            : std::clamp<std::int64_t>(
+                  static_cast<std::int64_t>(std::ceil(task_work(p, t) / target)), 1, column_blocks);
     const std::int64_t blocks_per_piece = (column_blocks + pieces - 1) / pieces;
     for (std::int64_t b = 0; b < column_blocks; b += blocks_per_piece) {
       tasks.push_back(
           {t.job, t.a0, t.a1, b * p.tiles.n, std::min(p.n, (b + blocks_per_piece) * p.tiles.n)});
     }
   }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [&](const Task& a, const Task& b) { return task_work(p, a) > task_work(p, b); });
   return tasks;
 }
 
