@@ -544,13 +544,14 @@ GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, 
                                                    std::int64_t n, bool accumulate,
                                                    bool bypass_cache) {
   if (bypass_cache && !accumulate) {
-    constexpr std::int64_t kLine = 64;
     const std::int64_t element = static_cast<std::int64_t>(size_of(dtype));
     const std::int64_t misaligned =
-        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kLine);
+        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
     const std::int64_t head =
-        misaligned % element != 0 ? n : std::min(n, (kLine - misaligned) % kLine / element);
-    const std::int64_t line_values = kLine / element;
+        misaligned % element != 0
+            ? n
+            : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / element);
+    const std::int64_t line_values = kCacheLineBytes / element;
     const std::int64_t lines_end = head + (n - head) / line_values * line_values;
     store_row_avx512_out(src, dst, dtype, head, false, false);
     for (std::int64_t j = head; j < lines_end; j += 16) {

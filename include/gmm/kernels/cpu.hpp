@@ -2,6 +2,7 @@
 // GMM_ISA).
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -35,6 +36,9 @@
 #endif
 
 namespace gmm::kernels {
+
+// Bytes of a cache line (x86-64): the unit prefetches fetch and non-temporal stores write whole.
+constexpr std::int64_t kCacheLineBytes = 64;
 
 // Prefetches the line at `line` into L2. On x86 an asm statement, not _mm_prefetch: GCC takes
 // __builtin_prefetch for free of side effects, finds a function whose loop only prefetches pure,

@@ -11,6 +11,7 @@
 #include "gmm/core/dtype.hpp"
 #include "gmm/core/parallel.hpp"
 #include "gmm/core/qvalue.hpp"
+#include "gmm/kernels/cpu.hpp"
 #include "gmm/kernels/format.hpp"
 
 namespace gmm::v2::detail {
@@ -505,9 +506,6 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
 // writing it: the weight gradient of the DeepSeek-V3 shapes is written once, 29 MB per expert.
 constexpr std::int64_t kBypassCacheBytes = 32 * 1024 * 1024;
 
-// The unit non-temporal stores write whole (x86-64 cache lines).
-constexpr std::int64_t kCacheLineBytes = 64;
-
 // Computes the absmax tables, splits every job into tasks (split_tasks: results do not depend on
 // the thread count) and runs them on `threads` workers. Returns the peak bytes of all buffers.
 inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
@@ -518,10 +516,10 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
   // Only outputs whose rows start on cache lines: rows that share their end lines with their
   // neighbours would have those lines written both ways, which costs more than it saves.
   const std::int64_t row_bytes = p.out_row_stride * static_cast<std::int64_t>(size_of(p.out_dtype));
-  bool rows_on_lines = row_bytes % kCacheLineBytes == 0;
+  bool rows_on_lines = row_bytes % kernels::kCacheLineBytes == 0;
   for (const Job& job : p.jobs) {
     rows_on_lines =
-        rows_on_lines && reinterpret_cast<std::uintptr_t>(job.out) % kCacheLineBytes == 0;
+        rows_on_lines && reinterpret_cast<std::uintptr_t>(job.out) % kernels::kCacheLineBytes == 0;
   }
   p.bypass_cache = !p.accumulate && p.kit.store_row != nullptr && p.kit.store_fence != nullptr &&
                    out_bytes >= kBypassCacheBytes && rows_on_lines;
