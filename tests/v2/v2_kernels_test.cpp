@@ -385,10 +385,11 @@ std::vector<float> run_stream(kernels::StreamFn stream, const KernelKit& kit, co
 }
 
 // Row counts the streaming tests run up to a kit's stream_rows(b): 1 to 4 (every kernel), then
-// the strip kernel's blocks (8, 12 or 16 rows, one or two of them) and the rows around them.
+// the strip kernel's blocks (8, 12, 16, 20 or 24 rows, one or two of them) and the rows around
+// them.
 std::vector<int> stream_row_counts(int most) {
   std::vector<int> out;
-  for (int rows : {1, 2, 3, 4, 5, 8, 11, 16, 17, 24, 29, 32}) {
+  for (int rows : {1, 2, 3, 4, 5, 8, 11, 16, 17, 20, 21, 24, 25, 29, 32}) {
     if (rows <= most) out.push_back(rows);
   }
   return out;
@@ -397,10 +398,11 @@ std::vector<int> stream_row_counts(int most) {
 // Each streaming kernel computes c (= / +=) (A B) * row_scale * col_scale from unpacked B; with
 // small integers every sum is exact, so it must equal the scalar loop bit for bit: both B
 // layouts, every B dtype, every row count the kit streams, ragged column ranges (one wider than
-// the strip kernel's span), odd contraction lengths.
+// the strip kernel's span of 1024 columns, over more than two of its 64-pair bands), odd
+// contraction lengths.
 TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
   Rng rng(10);
-  const std::int64_t lanes = 600, depth = 140, max_rows = 32;
+  const std::int64_t lanes = 1100, depth = 300, max_rows = 32;
   std::vector<float> a(max_rows * depth), values(lanes * depth);
   for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
   for (float& x : values) x = static_cast<float>(rng.integer(-8, 8));
@@ -411,7 +413,19 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
     std::int64_t n0, n1, k0, kc;
   };
   const std::vector<Range> ranges = {{0, 1, 0, 1},     {3, 20, 5, 45},     {0, 64, 0, 64},
-                                     {7, 333, 2, 131}, {64, 200, 11, 128}, {5, 600, 1, 70}};
+                                     {7, 333, 2, 131}, {64, 200, 11, 128}, {5, 1100, 1, 270}};
+  // per range: the exact sums of every row, row i at i * (n1 - n0)
+  std::vector<std::vector<double>> sums;
+  for (const Range& r : ranges) {
+    std::vector<double>& range_sums = sums.emplace_back(max_rows * (r.n1 - r.n0), 0.0);
+    for (std::int64_t i = 0; i < max_rows; ++i) {
+      for (std::int64_t j = 0; j < r.n1 - r.n0; ++j) {
+        for (std::int64_t k = r.k0; k < r.k0 + r.kc; ++k) {
+          range_sums[i * (r.n1 - r.n0) + j] += a[i * depth + k] * values[(r.n0 + j) * depth + k];
+        }
+      }
+    }
+  }
   int checked = 0;
   for (const KernelKit& kit : kits()) {
     ASSERT_NE(kit.stream, nullptr) << name(kit.isa);
@@ -443,7 +457,8 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
           ASSERT_GE(most, 4) << name(kit.isa);
           ASSERT_LE(most, max_rows) << name(kit.isa);
           for (int rows : stream_row_counts(most)) {
-            for (const Range& r : ranges) {
+            for (std::size_t ri = 0; ri < ranges.size(); ++ri) {
+              const Range& r = ranges[ri];
               const std::int64_t ldc = r.n1 - r.n0 + 3;
               const std::vector<float> c = run_stream(stream, kit, b.source, a, depth, rows, r.n0,
                                                       r.n1, r.k0, r.kc, rs, cs, ldc);
@@ -451,10 +466,7 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
                 for (std::int64_t j = 0; j < ldc; ++j) {
                   float expected = 5.0f;
                   if (i < rows && j < r.n1 - r.n0) {
-                    double sum = 0;
-                    for (std::int64_t k = r.k0; k < r.k0 + r.kc; ++k) {
-                      sum += a[i * depth + k] * values[(r.n0 + j) * depth + k];
-                    }
+                    const double sum = sums[ri][i * (r.n1 - r.n0) + j];
                     expected = static_cast<float>(2 * sum * rs[i] * cs[r.n0 + j]);
                   }
                   ASSERT_EQ(c[i * ldc + j], expected)
@@ -476,10 +488,11 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
 // Over B with contiguous columns the streaming kernels sum each column in the packed
 // micro-kernel's order, so on arbitrary data their results equal the packed path's bit for bit
 // (on the kits whose stream and micro-kernel use the same instruction: scalar, AVX-512F,
-// AVX512_BF16), for every row count the kit streams.
+// AVX512_BF16), for every row count the kit streams, over more than one of the strip kernel's
+// spans (1024 columns) and bands (64 pairs).
 TEST(V2Kernels, StreamMatchesPackedKernelBits) {
   Rng rng(11);
-  const std::int64_t lanes = 150, depth = 77, max_rows = 32;
+  const std::int64_t lanes = 1100, depth = 277, max_rows = 32;
   for (const KernelKit& kit : kits()) {
     if (kit.isa != Isa::scalar && kit.isa != Isa::avx512f && kit.isa != Isa::avx512bf16) continue;
     const kernels::PackedFormat& f = kit.format;
