@@ -591,6 +591,17 @@ inline void store_fence_x86() { _mm_sfence(); }
 
 // ---- Micro-kernels ------------------------------------------------------------------------
 
+// Prefetches into L2 the rows of C a micro-kernel adds to (not first): issued before the
+// contraction loop, so the epilogue does not wait on a tile of C that has left L2 (the
+// AVX512_BF16 kit's task tile, 512 x 512 fp32, is the size of L2).
+template <int kNv>
+inline void prefetch_c_rows(const float* c, std::int64_t ldc, int rows, bool first) {
+  if (first) return;
+  for (int i = 0; i < rows; ++i) {
+    for (int v = 0; v < kNv; ++v) prefetch_line_l2(c + i * ldc + 16 * v);
+  }
+}
+
 // Epilogue of the AVX-512 kernels: c (= or +=) acc * row_scale * col_scales, one row.
 template <int kNv>
 GMM_TARGET_AVX512 inline void store_row_avx512(float* c, const __m512 (&acc)[kNv], float row_scale,
@@ -619,6 +630,7 @@ GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packe
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   }
+  prefetch_c_rows<kNv>(c, ldc, rows, first);
   for (std::int64_t s = 0; s < steps; ++s, ++a, b += 16 * kNv) {
     __m512 bv[kNv];
 #pragma GCC unroll 4
@@ -655,6 +667,7 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   }
+  prefetch_c_rows<kNv>(c, ldc, rows, first);
   for (std::int64_t s = 0; s < steps; ++s, a += 2, b += 32 * kNv) {
     __m512i bv[kNv];
 #pragma GCC unroll 4
