@@ -429,6 +429,13 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
   alignas(64) std::int32_t a_pairs[kStripBand * kStripBlock];
   const auto* data = static_cast<const unsigned char*>(b.data);
   const std::int64_t pairs = (kc + 1) / 2;
+  using BandFn = void (*)(const StripBand&, int, RowPrefetcher&);
+  constexpr BandFn band_of_width[] = {strip_band<kDtype, 8>, strip_band<kDtype, 12>,
+                                      strip_band<kDtype, 16>, strip_band<kDtype, 20>,
+                                      strip_band<kDtype, 24>};
+  static_assert(sizeof band_of_width / sizeof band_of_width[0] == (kStripBlock - 8) / 4 + 1 &&
+                    (kStripRows + 1) / 2 <= kStripBlock,
+                "a band function for every block width");
   // one block of all the rows, or two of about half of them
   const int block = rows <= kStripBlock ? rows : (rows + 1) / 2;
   for (std::int64_t n = n0; n < n1; n += kStripSpan) {
@@ -458,23 +465,7 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
           }
         }
         band.sums = sums + i0 * kStripSumsStride;
-        switch (width) {
-          case 8:
-            strip_band<kDtype, 8>(band, valid, next_band);
-            break;
-          case 12:
-            strip_band<kDtype, 12>(band, valid, next_band);
-            break;
-          case 16:
-            strip_band<kDtype, 16>(band, valid, next_band);
-            break;
-          case 20:
-            strip_band<kDtype, 20>(band, valid, next_band);
-            break;
-          default:
-            strip_band<kDtype, 24>(band, valid, next_band);
-            break;
-        }
+        band_of_width[(width - 8) / 4](band, valid, next_band);
       }
     }
     for (int i = 0; i < rows; ++i) {
