@@ -187,9 +187,9 @@ TEST_P(V2Gmm, NanStaysInItsGroup) {
 
 // Groups of at most KernelKit::stream_rows(b) rows take the streaming kernels, their columns
 // split into tasks: 4 rows (decode) on every path, up to 32 on the AVX512_BF16 path for [K, N]
-// fp8 or bf16 weights (the strip kernel; a group of 33 rows keeps the packed path). Forward and
-// dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N; results match the oracle and are the same
-// bits for 1 and 2 threads.
+// fp8 or bf16 weights (the strip kernel, whose per-thread sums the trace counts; a group of 33
+// rows keeps the packed path). Forward and dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N;
+// results match the oracle and are the same bits for 1 and 2 threads.
 TEST_P(V2Gmm, FewRowsStreamTheWeights) {
   const CaseShape s{"decode", 69, 129, 1100, {1, 3, 0, 4, 2, 6, 20, 33}};
   const GmmRecipe fp8{"fp8",
@@ -222,6 +222,12 @@ TEST_P(V2Gmm, FewRowsStreamTheWeights) {
             transpose ? 512 : 4096 / static_cast<std::int64_t>(size_of(r.rhs.dtype));
         EXPECT_EQ(trace.streamed_tasks, streamed_groups * ((s.n + columns - 1) / columns))
             << r.label << " " << name(trace.isa) << " transpose=" << transpose;
+#if GMM_KERNELS_X86
+        if (strips) {  // each worker's strip kernel sums count as extra bytes
+          EXPECT_GE(trace.extra_bytes, trace.threads * kernels::strip_scratch_bytes())
+              << r.label << " threads=" << threads;
+        }
+#endif
         if (threads == 1) {
           first = got;
         } else {

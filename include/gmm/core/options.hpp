@@ -74,7 +74,9 @@ struct CallTrace {
   int threads = 1;
   OperandTrace lhs;
   OperandTrace rhs;
-  std::int64_t extra_bytes = 0;     // peak bytes allocated beyond the outputs
+  // Peak bytes allocated beyond the outputs, including buffers v2's streaming kernels keep per
+  // worker thread for later calls.
+  std::int64_t extra_bytes = 0;
   std::int64_t streamed_tasks = 0;  // v2: tasks of a few rows read from unpacked weights
   bool output_past_caches = false;  // v2: the output was written with non-temporal stores
 };

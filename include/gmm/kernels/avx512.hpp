@@ -707,6 +707,7 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
                                std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
                                const float* row_scales, const float* col_scales, bool first);
 inline int stream_rows_avx512_bf16(const PanelSource& b);
+inline std::int64_t strip_scratch_bytes();
 
 // The AVX-512F path: fp32 values (bf16 / fp8 / int8 widened exactly) and a 6 x 64 FMA kernel
 // (four B vectors per step: in the driver's loops it ran 5% faster than 12 x 32, and 64 divides the
@@ -742,6 +743,7 @@ inline KernelKit avx512bf16_kit() {
   kit.few_rows = 4;
   kit.stream = stream_avx512_bf16;
   kit.stream_rows = stream_rows_avx512_bf16;
+  kit.stream_scratch_bytes = strip_scratch_bytes();
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512_out;
   kit.store_fence = store_fence_x86;

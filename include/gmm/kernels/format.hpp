@@ -105,6 +105,9 @@ struct KernelKit {
   // product (decode, groups of a dozen tokens).
   StreamFn stream = nullptr;
   int (*stream_rows)(const PanelSource& b) = nullptr;
+  // Bytes of the buffer the streaming kernel may keep per thread (allocated on a thread's first
+  // use, kept for its later calls); counted in the extra bytes of every call that streams.
+  std::int64_t stream_scratch_bytes = 0;
   AbsmaxFn absmax = nullptr;
   StoreRowFn store_row = nullptr;  // optional: vectorized output epilogue
   // With store_row: makes the non-temporal stores of store_row(bypass_cache) visible before any

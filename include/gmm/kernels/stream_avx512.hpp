@@ -339,11 +339,18 @@ GMM_TARGET_AVX512VBMI inline void strip_quad_pairs(const unsigned char* at, std:
 // than 4 KiB apart (so that a strip's rows do not share an L1 set).
 constexpr std::int64_t kStripSumsStride = kStripSpan + 16;
 
+// Floats of the strip kernel's per-thread sums: kStripRows rows and a line of alignment slack.
+constexpr std::size_t kStripSumsFloats = kStripRows * kStripSumsStride + 64 / sizeof(float);
+
+// KernelKit::stream_scratch_bytes of the AVX512_BF16 kit: the strip kernel's sums.
+inline std::int64_t strip_scratch_bytes() {
+  return static_cast<std::int64_t>(kStripSumsFloats * sizeof(float));
+}
+
 // The calling thread's span sums of the strip kernel, kStripRows rows, 64-byte aligned: on the
 // heap, once per thread (130 KiB is more than some threads' whole stack).
 inline float* strip_sums() {
-  constexpr std::size_t kFloats = kStripRows * kStripSumsStride, kLine = 64 / sizeof(float);
-  thread_local std::vector<float> buffer(kFloats + kLine);
+  thread_local std::vector<float> buffer(kStripSumsFloats);
   const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64;
   return buffer.data() + (misaligned == 0 ? 0 : (64 - misaligned) / sizeof(float));
 }

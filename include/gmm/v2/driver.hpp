@@ -614,6 +614,7 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
     }
   });
   std::int64_t bytes = table_bytes;
+  if (p.streamed_tasks > 0) bytes += workers * p.kit.stream_scratch_bytes;
   for (const Workspace& w : spaces) bytes += w.bytes();
   for (const auto& v : scratch) bytes += static_cast<std::int64_t>(v.capacity() * sizeof(float));
   return bytes;
