@@ -211,7 +211,8 @@ def main():
     keys = ["date", "host_name", "num_cpus", "load_avg", "gmm_threads", "gmm_shapes",
             "gmm_compile_flags", "peak_fp32_1t", "peak_fp32_2t", "peak_bf16_1t", "peak_bf16_2t",
             "peak_amx_bf16_1t", "peak_amx_bf16_2t", "peak_read_1t", "peak_read_2t",
-            "peak_write_1t", "peak_write_2t", "peak_fp32_isa", "peak_bf16_isa", "eigen", "openblas", "onednn"]
+            "peak_write_1t", "peak_write_2t", "peak_fp32_isa", "peak_bf16_isa", "eigen",
+            "openblas", "onednn"]
     keys += sorted(k for k in context if k.startswith("shape_"))
     for k in keys:
         if k in context:

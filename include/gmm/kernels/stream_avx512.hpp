@@ -340,7 +340,8 @@ GMM_TARGET_AVX512VBMI inline void strip_quad_pairs(const unsigned char* at, std:
 constexpr std::int64_t kStripSumsStride = kStripSpan + 16;
 
 // Floats of the strip kernel's per-thread sums: kStripRows rows and a line of alignment slack.
-constexpr std::size_t kStripSumsFloats = kStripRows * kStripSumsStride + 64 / sizeof(float);
+constexpr std::size_t kStripSumsFloats =
+    kStripRows * kStripSumsStride + kCacheLineBytes / sizeof(float);
 
 // KernelKit::stream_scratch_bytes of the AVX512_BF16 kit: the strip kernel's sums.
 inline std::int64_t strip_scratch_bytes() {
@@ -351,8 +352,9 @@ inline std::int64_t strip_scratch_bytes() {
 // heap, once per thread (130 KiB is more than some threads' whole stack).
 inline float* strip_sums() {
   thread_local std::vector<float> buffer(kStripSumsFloats);
-  const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64;
-  return buffer.data() + (misaligned == 0 ? 0 : (64 - misaligned) / sizeof(float));
+  const std::size_t line = kCacheLineBytes;
+  const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(buffer.data()) % line;
+  return buffer.data() + (misaligned == 0 ? 0 : (line - misaligned) / sizeof(float));
 }
 
 // What one band of the strip kernel works on: B's first line of the band, its rows, the A pairs
