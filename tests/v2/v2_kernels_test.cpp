@@ -225,10 +225,31 @@ TEST(V2Kernels, AbsmaxMatchesReference) {
   }
 }
 
+// The float with the given bits.
+float float_of_bits(std::uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// Values a bf16 rounding with hardware help gets wrong unless it treats them apart: fp32
+// subnormals (vcvtne2ps2bf16 flushes them to zero) and NaNs with payloads and signs (it keeps the
+// payload; Eigen's bfloat16 gives 0x7FC0 or 0xFFC0).
+std::vector<float> bf16_special_values() {
+  return {float_of_bits(0x00000001u),
+          float_of_bits(0x807FFFFFu),
+          float_of_bits(0x00400000u),
+          float_of_bits(0x7F800001u),
+          float_of_bits(0xFFA12345u),
+          float_of_bits(0x7FE54321u),
+          -std::numeric_limits<float>::quiet_NaN()};
+}
+
 // A kit's output epilogue stores (or adds) fp32 values into f32 / bf16 rows exactly as the
 // scalar path does (Eigen's bfloat16 rounding, signed NaN), for row lengths around the vector
 // width, rows starting on and off a vector's alignment, through the caches or past them
-// (non-temporal stores), without touching elements before or past the row.
+// (non-temporal stores), without touching elements before or past the row. One value in 16 is a
+// subnormal or a NaN (bf16_special_values), so runs of 32 values come both with and without one.
 TEST(V2Kernels, StoreRowMatchesScalar) {
   Rng rng(10);
   std::vector<float> values = adversarial_values(rng);
@@ -236,6 +257,7 @@ TEST(V2Kernels, StoreRowMatchesScalar) {
   values.push_back(1.0f + 0x1p-8f);  // bf16 ties, to even both ways
   values.push_back(1.0f + 3 * 0x1p-8f);
   values.push_back(std::numeric_limits<float>::max());
+  const std::vector<float> specials = bf16_special_values();
   int checked = 0;
   for (const KernelKit& kit : kits()) {
     if (kit.store_row == nullptr) continue;
@@ -245,9 +267,12 @@ TEST(V2Kernels, StoreRowMatchesScalar) {
         for (bool bypass : {false, true}) {
           if (accumulate && bypass) continue;      // not a combination the driver asks for
           for (std::int64_t offset : {0, 1, 5}) {  // elements after a 64-byte boundary
-            for (std::int64_t n : {1, 15, 16, 17, 33, 64, 100, 130}) {
+            for (std::int64_t n : {1, 15, 16, 17, 32, 33, 64, 100, 130}) {
               std::vector<float> src(n);
-              for (float& x : src) x = values[rng.integer(0, values.size() - 1)];
+              for (float& x : src) {
+                x = rng.integer(0, 15) == 0 ? specials[rng.integer(0, specials.size() - 1)]
+                                            : values[rng.integer(0, values.size() - 1)];
+              }
               const std::size_t size = size_of(d);
               // the row sits at `offset` in a buffer aligned to 64 bytes, with 5 elements after
               // it; every element around it must stay as it was
@@ -332,6 +357,72 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
         for (std::int64_t j = f.nr; j < ldc; ++j) EXPECT_EQ(c[i * ldc + j], 5.0f);
       }
     }
+  }
+}
+
+// A kit's output kernel writes what its micro-kernel computes (first), rounded to f32 / bf16 as
+// the scalar path rounds (Eigen's bfloat16), straight into rows of the output: exact integer
+// products times power-of-two scales, one row scaled into fp32 subnormals, one made NaN by its
+// scale and one holding a subnormal or a NaN in a single column (vectors with and without such
+// values); the rows past `rows`, the padding of each row and the row after the tile untouched.
+TEST(V2Kernels, OutputKernelsMatchScalar) {
+  Rng rng(11);
+  int checked = 0;
+  for (const KernelKit& kit : kits()) {
+    if (kit.output_kernel == nullptr) continue;
+    ASSERT_NE(kit.store_fence, nullptr) << name(kit.isa);
+    const auto& f = kit.format;
+    const std::int64_t kc = 37, steps = f.steps(kc);
+    std::vector<float> a(f.mr * kc), b(kc * f.nr);
+    for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
+    for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));
+    std::vector<float> rs(f.mr), cs(f.nr);
+    for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+    for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+    rs[0] = 0x1p-135f;  // subnormal products
+    rs[1] = std::numeric_limits<float>::quiet_NaN();
+    cs[f.nr / 2] = float_of_bits(0x7F800001u);  // NaN with a payload in one column
+    cs[f.nr / 2 + 1] = 0x1p-140f;
+    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, f.nr};
+    std::vector<unsigned char> pa(f.panel_bytes(f.mr, kc)), pb(f.panel_bytes(f.nr, kc));
+    reference_packer(kit, PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
+    reference_packer(kit, PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
+    const int rows = f.mr - 1;  // valid rows: written, the last one not
+    for (DType d : {DType::f32, DType::bf16}) {
+      const std::size_t size = size_of(d);
+      const std::int64_t row_stride = f.nr + 64 / static_cast<std::int64_t>(size);  // a line more
+      const std::int64_t elements = (f.mr + 1) * row_stride;
+      std::vector<unsigned char> buffer(elements * size + 64);
+      unsigned char* out =
+          buffer.data() + (64 - reinterpret_cast<std::uintptr_t>(buffer.data()) % 64) % 64;
+      for (std::int64_t e = 0; e < elements; ++e) store_as(out, d, e, 5.0f);
+      if (kit.begin != nullptr) kit.begin();
+      kit.output_kernel(steps, pa.data(), pb.data(), out, row_stride, d, rs.data(), cs.data(),
+                        rows);
+      if (kit.end != nullptr) kit.end();
+      kit.store_fence();
+      for (int i = 0; i <= f.mr; ++i) {
+        for (std::int64_t j = 0; j < row_stride; ++j) {
+          float want = 5.0f;
+          if (i < rows && j < f.nr) {
+            double sum = 0;
+            for (std::int64_t k = 0; k < kc; ++k) sum += a[i * kc + k] * b[k * f.nr + j];
+            want = static_cast<float>(sum) * rs[i] * cs[j];  // the kernel's fp32 operations
+          }
+          unsigned char expected[4];
+          store_as(expected, d, 0, want);
+          const bool nan = std::isnan(want);  // f32: NaN bits are the product's, left open
+          EXPECT_TRUE(d == DType::f32 && nan
+                          ? std::isnan(load_as_float(out, d, i * row_stride + j))
+                          : std::memcmp(out + (i * row_stride + j) * size, expected, size) == 0)
+              << name(kit.isa) << " " << name(d) << " row " << i << " column " << j;
+        }
+      }
+      ++checked;
+    }
+  }
+  if (kernels::isa_supported(Isa::avx512f)) {
+    EXPECT_GT(checked, 0);
   }
 }
 

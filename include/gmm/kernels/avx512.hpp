@@ -586,6 +586,48 @@ GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, 
   }
 }
 
+// bf16 bits of 32 fp32 values (lo's first), rounded as round_to_bf16_words rounds them: one
+// vcvtne2ps2bf16, which matches it on every value but subnormals (which it flushes to zero) and
+// NaNs (whose payload it keeps); a vector holding those is rounded by round_to_bf16_words.
+GMM_TARGET_AVX512BF16 inline __m512i round_to_bf16_words_bf16(__m512 lo, __m512 hi) {
+  constexpr int kNanOrSubnormal = 0x01 | 0x80 | 0x20;  // vfpclassps: QNaN, SNaN, denormal
+  if ((_mm512_fpclass_ps_mask(lo, kNanOrSubnormal) | _mm512_fpclass_ps_mask(hi, kNanOrSubnormal)) ==
+      0) {
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(round_to_bf16_words(lo)),
+                            round_to_bf16_words(hi), 1);
+}
+
+// KernelKit::store_row of the AVX512_BF16 path: store_row_avx512_out, with bf16 rows stored
+// 32 values at a time through round_to_bf16_words_bf16.
+GMM_TARGET_AVX512BF16 inline void store_row_avx512bf16_out(const float* src, void* dst, DType dtype,
+                                                           std::int64_t n, bool accumulate,
+                                                           bool bypass_cache) {
+  if (dtype != DType::bf16 || accumulate) {
+    store_row_avx512_out(src, dst, dtype, n, accumulate, bypass_cache);
+    return;
+  }
+  auto* out = static_cast<std::uint16_t*>(dst);
+  std::int64_t j = 0;
+  if (bypass_cache) {  // up to the first line boundary as usual, then whole lines past the caches
+    const auto misaligned =
+        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
+    j = misaligned % 2 != 0 ? n : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / 2);
+    store_row_avx512_out(src, out, dtype, j, false, false);
+  }
+  for (; j + 32 <= n; j += 32) {
+    const __m512i words =
+        round_to_bf16_words_bf16(_mm512_loadu_ps(src + j), _mm512_loadu_ps(src + j + 16));
+    if (bypass_cache) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + j), words);
+    } else {
+      _mm512_storeu_si512(out + j, words);
+    }
+  }
+  store_row_avx512_out(src + j, out + j, dtype, n - j, false, false);
+}
+
 // KernelKit::store_fence of the AVX-512 paths.
 inline void store_fence_x86() { _mm_sfence(); }
 
@@ -615,22 +657,36 @@ GMM_TARGET_AVX512 inline void store_row_avx512(float* c, const __m512 (&acc)[kNv
   }
 }
 
-// kMr x (16 * kNv) fp32 accumulators; per step one broadcast of A per row (lane-major A panel),
-// kNv loads of B.
+// Epilogue of the kernels that write the output themselves (KernelKit::output_kernel): one row
+// of acc * row_scale * col_scales, rounded to the output's type as store_row rounds it, stored
+// past the caches (the row's 16 * kNv values are whole, aligned cache lines of the output).
+template <int kNv>
+GMM_TARGET_AVX512 inline void stream_out_row_avx512(void* out, DType dtype,
+                                                    const __m512 (&acc)[kNv], float row_scale,
+                                                    const __m512 (&col_scales)[kNv]) {
+  const __m512 rs = _mm512_set1_ps(row_scale);
+#pragma GCC unroll 4
+  for (int v = 0; v < kNv; ++v) {
+    const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(acc[v], rs), col_scales[v]);
+    if (dtype == DType::f32) {
+      _mm512_stream_ps(static_cast<float*>(out) + 16 * v, scaled);
+    } else {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(out) + 16 * v),
+                          round_to_bf16_words(scaled));
+    }
+  }
+}
+
+// Contraction loop of the fp32 FMA kernels: kMr x (16 * kNv) accumulators; per step one
+// broadcast of A per row (lane-major A panel), kNv loads of B.
 template <int kMr, int kNv>
-GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packed,
-                                         const void* b_packed, float* c, std::int64_t ldc,
-                                         const float* row_scales, const float* col_scales,
-                                         bool first, int rows) {
-  const float* a = static_cast<const float*>(a_packed);
-  const float* b = static_cast<const float*>(b_packed);
-  __m512 acc[kMr][kNv];
+GMM_TARGET_AVX512 __attribute__((always_inline)) inline void fma_steps_avx512(
+    std::int64_t steps, const float* a, const float* b, __m512 (&acc)[kMr][kNv]) {
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) {
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   }
-  prefetch_c_rows<kNv>(c, ldc, rows, first);
   for (std::int64_t s = 0; s < steps; ++s, ++a, b += 16 * kNv) {
     __m512 bv[kNv];
 #pragma GCC unroll 4
@@ -642,32 +698,20 @@ GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packe
       for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
     }
   }
-  __m512 cs[kNv];
-#pragma GCC unroll 4
-  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
-#pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i) {
-    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
-  }
 }
 
-// kMr x (16 * kNv) fp32 accumulators fed by vdpbf16ps: per step (a pair of contraction
-// indices) one 32-bit broadcast of A's bf16 pair per row and kNv loads of B's pairs. Products
-// of bf16 values are exact in fp32; the instruction treats bf16 subnormals as zero.
+// Contraction loop of the vdpbf16ps kernels: kMr x (16 * kNv) fp32 accumulators; per step (a
+// pair of contraction indices) one 32-bit broadcast of A's bf16 pair per row and kNv loads of
+// B's pairs. Products of bf16 values are exact in fp32; the instruction treats bf16 subnormals as
+// zero.
 template <int kMr, int kNv>
-GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_packed,
-                                              const void* b_packed, float* c, std::int64_t ldc,
-                                              const float* row_scales, const float* col_scales,
-                                              bool first, int rows) {
-  const std::uint16_t* a = static_cast<const std::uint16_t*>(a_packed);
-  const std::uint16_t* b = static_cast<const std::uint16_t*>(b_packed);
-  __m512 acc[kMr][kNv];
+GMM_TARGET_AVX512BF16 __attribute__((always_inline)) inline void dot_steps_avx512_bf16(
+    std::int64_t steps, const std::uint16_t* a, const std::uint16_t* b, __m512 (&acc)[kMr][kNv]) {
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) {
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   }
-  prefetch_c_rows<kNv>(c, ldc, rows, first);
   for (std::int64_t s = 0; s < steps; ++s, a += 2, b += 32 * kNv) {
     __m512i bv[kNv];
 #pragma GCC unroll 4
@@ -683,12 +727,102 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
       }
     }
   }
+}
+
+// MicroKernelFn of the AVX-512F kit: fp32 FMA steps, epilogue into the fp32 tile of C.
+template <int kMr, int kNv>
+GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packed,
+                                         const void* b_packed, float* c, std::int64_t ldc,
+                                         const float* row_scales, const float* col_scales,
+                                         bool first, int rows) {
+  prefetch_c_rows<kNv>(c, ldc, rows, first);
+  __m512 acc[kMr][kNv];
+  fma_steps_avx512<kMr, kNv>(steps, static_cast<const float*>(a_packed),
+                             static_cast<const float*>(b_packed), acc);
   __m512 cs[kNv];
 #pragma GCC unroll 4
   for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) {
     if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+  }
+}
+
+// MicroKernelFn of the AVX512_BF16 kit: vdpbf16ps steps, epilogue into the fp32 tile of C.
+template <int kMr, int kNv>
+GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_packed,
+                                              const void* b_packed, float* c, std::int64_t ldc,
+                                              const float* row_scales, const float* col_scales,
+                                              bool first, int rows) {
+  prefetch_c_rows<kNv>(c, ldc, rows, first);
+  __m512 acc[kMr][kNv];
+  dot_steps_avx512_bf16<kMr, kNv>(steps, static_cast<const std::uint16_t*>(a_packed),
+                                  static_cast<const std::uint16_t*>(b_packed), acc);
+  __m512 cs[kNv];
+#pragma GCC unroll 4
+  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
+#pragma GCC unroll 16
+  for (int i = 0; i < kMr; ++i) {
+    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+  }
+}
+
+// OutputKernelFn of the AVX-512F kit: fp32 FMA steps, rows written past the caches.
+template <int kMr, int kNv>
+GMM_TARGET_AVX512 void output_kernel_avx512_f32(std::int64_t steps, const void* a_packed,
+                                                const void* b_packed, void* out,
+                                                std::int64_t out_row_stride, DType dtype,
+                                                const float* row_scales, const float* col_scales,
+                                                int rows) {
+  __m512 acc[kMr][kNv];
+  fma_steps_avx512<kMr, kNv>(steps, static_cast<const float*>(a_packed),
+                             static_cast<const float*>(b_packed), acc);
+  __m512 cs[kNv];
+#pragma GCC unroll 4
+  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
+  const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
+#pragma GCC unroll 16
+  for (int i = 0; i < kMr; ++i) {
+    if (i < rows) {
+      stream_out_row_avx512<kNv>(static_cast<unsigned char*>(out) + i * row_bytes, dtype, acc[i],
+                                 row_scales[i], cs);
+    }
+  }
+}
+
+// OutputKernelFn of the AVX512_BF16 kit: vdpbf16ps steps, rows written past the caches (bf16
+// rounded by vcvtne2ps2bf16, a cache line per pair of vectors).
+template <int kMr, int kNv>
+GMM_TARGET_AVX512BF16 void output_kernel_avx512_bf16(std::int64_t steps, const void* a_packed,
+                                                     const void* b_packed, void* out,
+                                                     std::int64_t out_row_stride, DType dtype,
+                                                     const float* row_scales,
+                                                     const float* col_scales, int rows) {
+  static_assert(kNv % 2 == 0, "bf16 rows are stored a cache line (two vectors) at a time");
+  __m512 acc[kMr][kNv];
+  dot_steps_avx512_bf16<kMr, kNv>(steps, static_cast<const std::uint16_t*>(a_packed),
+                                  static_cast<const std::uint16_t*>(b_packed), acc);
+  __m512 cs[kNv];
+#pragma GCC unroll 4
+  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
+  const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
+#pragma GCC unroll 16
+  for (int i = 0; i < kMr; ++i) {
+    if (i >= rows) break;
+    unsigned char* row = static_cast<unsigned char*>(out) + i * row_bytes;
+    const __m512 rs = _mm512_set1_ps(row_scales[i]);
+#pragma GCC unroll 4
+    for (int v = 0; v < kNv; v += 2) {
+      const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(acc[i][v], rs), cs[v]);
+      const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(acc[i][v + 1], rs), cs[v + 1]);
+      if (dtype == DType::f32) {
+        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v, lo);
+        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v + 16, hi);
+      } else {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(row) + v / 2,
+                            round_to_bf16_words_bf16(lo, hi));
+      }
+    }
   }
 }
 
@@ -721,6 +855,7 @@ inline KernelKit avx512f_kit() {
   kit.kernel = kernel_avx512_f32<6, 4>;
   kit.few_rows_kernel = kernel_avx512_f32<4, 4>;
   kit.few_rows = 4;
+  kit.output_kernel = output_kernel_avx512_f32<6, 4>;
   kit.stream = stream_avx512_f32;
   kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_avx512;
@@ -741,11 +876,12 @@ inline KernelKit avx512bf16_kit() {
   kit.kernel = kernel_avx512_bf16<8, 2>;
   kit.few_rows_kernel = kernel_avx512_bf16<4, 2>;
   kit.few_rows = 4;
+  kit.output_kernel = output_kernel_avx512_bf16<8, 2>;
   kit.stream = stream_avx512_bf16;
   kit.stream_rows = stream_rows_avx512_bf16;
   kit.stream_scratch_bytes = strip_scratch_bytes();
   kit.absmax = absmax_avx512;
-  kit.store_row = store_row_avx512_out;
+  kit.store_row = store_row_avx512bf16_out;
   kit.store_fence = store_fence_x86;
   kit.tiles = {512, 512, 512};
   kit.runs_chunk = 1024;

@@ -62,6 +62,15 @@ using MicroKernelFn = void (*)(std::int64_t steps, const void* a, const void* b,
                                std::int64_t ldc, const float* row_scales, const float* col_scales,
                                bool first, int rows);
 
+// Computes one mr x nr micro-tile over `steps` packed steps, as a MicroKernelFn with `first`,
+// and writes its first `rows` rows straight into the output instead of a tile of C: row i's
+// acc[i][j] * row_scales[i] * col_scales[j], rounded to `dtype` (f32 or bf16) as StoreRowFn rounds
+// it, at out + i * out_row_stride elements, with non-temporal stores (KernelKit::store_fence
+// orders them). Each row's nr values are whole cache lines of the output, starting on a line.
+using OutputKernelFn = void (*)(std::int64_t steps, const void* a, const void* b, void* out,
+                                std::int64_t out_row_stride, DType dtype, const float* row_scales,
+                                const float* col_scales, int rows);
+
 // Computes rows x [n0, n1) of C (rows <= KernelKit::stream_rows(b)) over contraction indices
 // [k0, k0 + kc) straight from an unpacked B source (lanes = columns of C; not quantized in the
 // kernel): B's values are widened on the fly, A is one packed A panel of the kit's format whose
@@ -100,6 +109,11 @@ struct KernelKit {
   // only those rows), for groups of a few tokens (decode).
   MicroKernelFn few_rows_kernel = nullptr;
   int few_rows = 0;
+  // Optional (with store_row and store_fence): the micro-kernel for the last contraction chunk of
+  // an output that bypasses the caches, which stores each tile as it finishes it, so the stores
+  // stream out while the next tiles compute (a fp32 tile of C, stored in L1 and then copied out,
+  // had the stores queue behind each other: drhs of short groups, whose products are short).
+  OutputKernelFn output_kernel = nullptr;
   // Optional: the product of a few rows (at most `stream_rows(b)`, which depends on B's dtype and
   // layout) streamed from unpacked B, for tasks where packing B would cost as much as the
   // product (decode, groups of a dozen tokens).

@@ -278,6 +278,15 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   if (p.bypass_cache) p.kit.store_fence();
 }
 
+// True when a tile's row of the output, nr values, is a whole number of cache lines: with rows
+// that start on lines (run_product's condition for bypassing the caches) and blocks of columns
+// that start at multiples of nr, every tile the output kernel writes is then whole lines.
+inline bool output_kernel_fits(const Product& p) {
+  return p.kit.format.nr * static_cast<std::int64_t>(size_of(p.out_dtype)) %
+             kernels::kCacheLineBytes ==
+         0;
+}
+
 // Computes one task whose B is packed: pack the task's A rows over the whole contraction once
 // (quantizing in the kernel where asked), then per block of tiles.n columns and contraction
 // chunk pack the B panels and run the micro-kernel across the B block for each A panel (the A
@@ -344,6 +353,11 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const auto c_panel = [&](std::int64_t ir, std::int64_t ldc) {
     return ws.c.data() + (chunk_count <= 1 ? 0 : ir * ldc);
   };
+  // A product of one chunk into an output past the caches stores its whole tiles from the
+  // kit's output kernel (the tiles' rows are whole lines: see output_kernel_fits).
+  const bool output_tiles =
+      chunk_count == 1 && p.bypass_cache && p.kit.output_kernel != nullptr && output_kernel_fits(p);
+  const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
   if (p.kit.begin != nullptr) p.kit.begin();
   for (std::int64_t b0 = t.n0; b0 < t.n1; b0 += block_cols) {
     const std::int64_t cols = std::min(block_cols, t.n1 - b0), ldc = round_up(cols, f.nr);
@@ -374,16 +388,26 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
           }
         }
         float* c_rows_of_panel = c_panel(ir, ldc);
-        for (std::int64_t jr = 0; jr < ldc; jr += f.nr) {
-          const bool few = rows - ir <= p.kit.few_rows;
+        const bool few = rows - ir <= p.kit.few_rows;
+        const int valid_rows = static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir));
+        // whole tiles of a one-chunk product past the caches go straight to the output
+        const std::int64_t out_cols = output_tiles && !few ? cols / f.nr * f.nr : 0;
+        for (std::int64_t jr = 0; jr < out_cols; jr += f.nr) {
+          p.kit.output_kernel(steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel,
+                              static_cast<unsigned char*>(job.out) +
+                                  ((t.a0 + ir) * p.out_row_stride + b0 + jr) * element,
+                              p.out_row_stride, p.out_dtype, a_scales + ir, ws.b_scales.data() + jr,
+                              valid_rows);
+        }
+        for (std::int64_t jr = out_cols; jr < ldc; jr += f.nr) {
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
               steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel, c_rows_of_panel + jr, ldc,
-              a_scales + ir, ws.b_scales.data() + jr, c == 0,
-              static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir)));
+              a_scales + ir, ws.b_scales.data() + jr, c == 0, valid_rows);
         }
-        if (c + 1 == chunk_count) {  // the panel's rows are final: stored while they are in L1
-          write_rows(p, job, t.a0 + ir, t.a0 + std::min(rows, ir + f.mr), b0, cols, c_rows_of_panel,
-                     ldc);
+        // the panel's rows are final: stored while they are in L1
+        if (c + 1 == chunk_count && out_cols < cols) {
+          write_rows(p, job, t.a0 + ir, t.a0 + ir + valid_rows, b0 + out_cols, cols - out_cols,
+                     c_rows_of_panel + out_cols, ldc);
         }
       }
       if (whole_a) a_offset += (rows_padded / f.mr) * a_panel;
