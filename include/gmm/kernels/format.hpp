@@ -109,10 +109,10 @@ struct KernelKit {
   // only those rows), for groups of a few tokens (decode).
   MicroKernelFn few_rows_kernel = nullptr;
   int few_rows = 0;
-  // Optional (with store_row and store_fence): the micro-kernel for the last contraction chunk of
-  // an output that bypasses the caches, which stores each tile as it finishes it, so the stores
-  // stream out while the next tiles compute (a fp32 tile of C, stored in L1 and then copied out,
-  // had the stores queue behind each other: drhs of short groups, whose products are short).
+  // Optional (with store_row and store_fence): the micro-kernel of a product of one contraction
+  // chunk whose output bypasses the caches; it stores each tile as it finishes it, without the
+  // pass that stores a tile of C and reads it back to round it (for tgmm's short groups, whose
+  // products are short, that pass took almost as long as the products).
   OutputKernelFn output_kernel = nullptr;
   // Optional: the product of a few rows (at most `stream_rows(b)`, which depends on B's dtype and
   // layout) streamed from unpacked B, for tasks where packing B would cost as much as the

@@ -291,7 +291,8 @@ inline bool output_kernel_fits(const Product& p) {
 // (quantizing in the kernel where asked), then per block of tiles.n columns and contraction
 // chunk pack the B panels and run the micro-kernel across the B block for each A panel (the A
 // panel stays in L1 while the B block, tiles.k x tiles.n, streams from L2); in the last chunk,
-// each A panel's rows of C are stored as soon as the kernel has run across the block.
+// each A panel's rows of C are stored as soon as the kernel has run across the block (or, with
+// one chunk and an output past the caches, each tile by the kit's output kernel).
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
