@@ -319,24 +319,48 @@ TEST(V2Kernels, StoreRowMatchesScalar) {
   }
 }
 
+// One micro-tile's operands for a kit: A [mr, kc] and B [kc, nr] of small integers (so every
+// product and sum is exact), packed by the reference packers in the kit's format, and
+// power-of-two row and column scales.
+struct IntegerTile {
+  std::int64_t kc = 0;
+  std::vector<float> a, b, rs, cs;
+  std::vector<unsigned char> pa, pb;
+
+  IntegerTile(Rng& rng, const KernelKit& kit, std::int64_t depth) : kc(depth) {
+    const auto& f = kit.format;
+    a.resize(f.mr * kc);
+    b.resize(kc * f.nr);
+    for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
+    for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));
+    rs.resize(f.mr);
+    cs.resize(f.nr);
+    for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+    for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
+    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, f.nr};
+    pa.resize(f.panel_bytes(f.mr, kc));
+    pb.resize(f.panel_bytes(f.nr, kc));
+    reference_packer(kit, PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
+    reference_packer(kit, PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
+  }
+  // Element (i, j) of A B, exact.
+  double sum(int i, int j, int nr) const {
+    double total = 0;
+    for (std::int64_t k = 0; k < kc; ++k) total += a[i * kc + k] * b[k * nr + j];
+    return total;
+  }
+};
+
 // Each micro-kernel computes c (= / +=) (A B) * row_scale * col_scale; with small integers
 // every sum is exact, so it must equal the scalar loop bit for bit.
 TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
   Rng rng(9);
   for (const KernelKit& kit : kits()) {
     const auto& f = kit.format;
-    const std::int64_t kc = 45, steps = f.steps(kc);
-    std::vector<float> a(f.mr * kc), b(kc * f.nr);
-    for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
-    for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));
-    std::vector<float> rs(f.mr), cs(f.nr);
-    for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
-    for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
-    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, f.nr};
-    const auto pack = [&](PanelOrder order) { return reference_packer(kit, order); };
-    std::vector<unsigned char> pa(f.panel_bytes(f.mr, kc)), pb(f.panel_bytes(f.nr, kc));
-    pack(PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
-    pack(PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
+    const IntegerTile tile(rng, kit, 45);
+    const std::int64_t steps = f.steps(tile.kc);
+    const std::vector<float>&rs = tile.rs, &cs = tile.cs;
+    const std::vector<unsigned char>&pa = tile.pa, &pb = tile.pb;
     const std::int64_t ldc = f.nr + 3;
     for (bool few : {false, true}) {
       if (few && kit.few_rows_kernel == nullptr) continue;
@@ -349,8 +373,7 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
       if (kit.end != nullptr) kit.end();
       for (int i = 0; i < f.mr; ++i) {
         for (int j = 0; j < f.nr; ++j) {
-          double sum = 0;
-          for (std::int64_t k = 0; k < kc; ++k) sum += a[i * kc + k] * b[k * f.nr + j];
+          const double sum = tile.sum(i, j, f.nr);
           EXPECT_EQ(c[i * ldc + j], i < rows ? static_cast<float>(2 * sum * rs[i] * cs[j]) : 5.0f)
               << name(kit.isa) << " few=" << few << " " << i << "," << j;
         }
@@ -372,21 +395,14 @@ TEST(V2Kernels, OutputKernelsMatchScalar) {
     if (kit.output_kernel == nullptr) continue;
     ASSERT_NE(kit.store_fence, nullptr) << name(kit.isa);
     const auto& f = kit.format;
-    const std::int64_t kc = 37, steps = f.steps(kc);
-    std::vector<float> a(f.mr * kc), b(kc * f.nr);
-    for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
-    for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));
-    std::vector<float> rs(f.mr), cs(f.nr);
-    for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
-    for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
-    rs[0] = 0x1p-135f;  // subnormal products
+    IntegerTile tile(rng, kit, 37);
+    const std::int64_t steps = f.steps(tile.kc);
+    std::vector<float>&rs = tile.rs, &cs = tile.cs;  // scales are not packed: set them now
+    rs[0] = 0x1p-135f;                               // subnormal products
     rs[1] = std::numeric_limits<float>::quiet_NaN();
     cs[f.nr / 2] = float_of_bits(0x7F800001u);  // NaN with a payload in one column
     cs[f.nr / 2 + 1] = 0x1p-140f;
-    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, f.nr};
-    std::vector<unsigned char> pa(f.panel_bytes(f.mr, kc)), pb(f.panel_bytes(f.nr, kc));
-    reference_packer(kit, PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
-    reference_packer(kit, PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
+    const std::vector<unsigned char>&pa = tile.pa, &pb = tile.pb;
     const int rows = f.mr - 1;  // valid rows: written, the last one not
     for (DType d : {DType::f32, DType::bf16}) {
       const std::size_t size = size_of(d);
@@ -404,10 +420,8 @@ TEST(V2Kernels, OutputKernelsMatchScalar) {
       for (int i = 0; i <= f.mr; ++i) {
         for (std::int64_t j = 0; j < row_stride; ++j) {
           float want = 5.0f;
-          if (i < rows && j < f.nr) {
-            double sum = 0;
-            for (std::int64_t k = 0; k < kc; ++k) sum += a[i * kc + k] * b[k * f.nr + j];
-            want = static_cast<float>(sum) * rs[i] * cs[j];  // the kernel's fp32 operations
+          if (i < rows && j < f.nr) {  // the kernel's fp32 operations
+            want = static_cast<float>(tile.sum(i, j, f.nr)) * rs[i] * cs[j];
           }
           unsigned char expected[4];
           store_as(expected, d, 0, want);

@@ -657,22 +657,44 @@ GMM_TARGET_AVX512 inline void store_row_avx512(float* c, const __m512 (&acc)[kNv
   }
 }
 
-// Epilogue of the kernels that write the output themselves (KernelKit::output_kernel): one row
-// of acc * row_scale * col_scales, rounded to the output's type as store_row rounds it, stored
-// past the caches (the row's 16 * kNv values are whole, aligned cache lines of the output).
-template <int kNv>
-GMM_TARGET_AVX512 inline void stream_out_row_avx512(void* out, DType dtype,
-                                                    const __m512 (&acc)[kNv], float row_scale,
-                                                    const __m512 (&col_scales)[kNv]) {
-  const __m512 rs = _mm512_set1_ps(row_scale);
+// Epilogue of the AVX-512 micro-kernels: the tile's first `rows` rows into C (store_row_avx512).
+template <int kMr, int kNv>
+GMM_TARGET_AVX512 __attribute__((always_inline)) inline void store_tile_avx512(
+    float* c, std::int64_t ldc, const __m512 (&acc)[kMr][kNv], const float* row_scales,
+    const float* col_scales, bool first, int rows) {
+  __m512 cs[kNv];
 #pragma GCC unroll 4
-  for (int v = 0; v < kNv; ++v) {
-    const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(acc[v], rs), col_scales[v]);
-    if (dtype == DType::f32) {
-      _mm512_stream_ps(static_cast<float*>(out) + 16 * v, scaled);
-    } else {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(out) + 16 * v),
-                          round_to_bf16_words(scaled));
+  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
+#pragma GCC unroll 16
+  for (int i = 0; i < kMr; ++i) {
+    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
+  }
+}
+
+// Epilogue of the AVX-512F output kernel (KernelKit::output_kernel): the tile's first `rows`
+// rows, acc * row_scale * col_scales rounded to the output's type as store_row rounds it, stored
+// past the caches (each row's 16 * kNv values are whole, aligned cache lines of the output).
+template <int kMr, int kNv>
+GMM_TARGET_AVX512 __attribute__((always_inline)) inline void stream_out_tile_avx512(
+    void* out, std::int64_t out_row_stride, DType dtype, const __m512 (&acc)[kMr][kNv],
+    const float* row_scales, const float* col_scales, int rows) {
+  __m512 cs[kNv];
+#pragma GCC unroll 4
+  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
+  const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
+#pragma GCC unroll 16
+  for (int i = 0; i < kMr; ++i) {
+    if (i >= rows) break;
+    unsigned char* row = static_cast<unsigned char*>(out) + i * row_bytes;
+    const __m512 rs = _mm512_set1_ps(row_scales[i]);
+#pragma GCC unroll 4
+    for (int v = 0; v < kNv; ++v) {
+      const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(acc[i][v], rs), cs[v]);
+      if (dtype == DType::f32) {
+        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v, scaled);
+      } else {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(row) + v, round_to_bf16_words(scaled));
+      }
     }
   }
 }
@@ -739,13 +761,7 @@ GMM_TARGET_AVX512 void kernel_avx512_f32(std::int64_t steps, const void* a_packe
   __m512 acc[kMr][kNv];
   fma_steps_avx512<kMr, kNv>(steps, static_cast<const float*>(a_packed),
                              static_cast<const float*>(b_packed), acc);
-  __m512 cs[kNv];
-#pragma GCC unroll 4
-  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
-#pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i) {
-    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
-  }
+  store_tile_avx512<kMr, kNv>(c, ldc, acc, row_scales, col_scales, first, rows);
 }
 
 // MicroKernelFn of the AVX512_BF16 kit: vdpbf16ps steps, epilogue into the fp32 tile of C.
@@ -758,13 +774,7 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
   __m512 acc[kMr][kNv];
   dot_steps_avx512_bf16<kMr, kNv>(steps, static_cast<const std::uint16_t*>(a_packed),
                                   static_cast<const std::uint16_t*>(b_packed), acc);
-  __m512 cs[kNv];
-#pragma GCC unroll 4
-  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
-#pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i) {
-    if (i < rows) store_row_avx512<kNv>(c + i * ldc, acc[i], row_scales[i], cs, first);
-  }
+  store_tile_avx512<kMr, kNv>(c, ldc, acc, row_scales, col_scales, first, rows);
 }
 
 // OutputKernelFn of the AVX-512F kit: fp32 FMA steps, rows written past the caches.
@@ -777,17 +787,7 @@ GMM_TARGET_AVX512 void output_kernel_avx512_f32(std::int64_t steps, const void* 
   __m512 acc[kMr][kNv];
   fma_steps_avx512<kMr, kNv>(steps, static_cast<const float*>(a_packed),
                              static_cast<const float*>(b_packed), acc);
-  __m512 cs[kNv];
-#pragma GCC unroll 4
-  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
-  const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
-#pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i) {
-    if (i < rows) {
-      stream_out_row_avx512<kNv>(static_cast<unsigned char*>(out) + i * row_bytes, dtype, acc[i],
-                                 row_scales[i], cs);
-    }
-  }
+  stream_out_tile_avx512<kMr, kNv>(out, out_row_stride, dtype, acc, row_scales, col_scales, rows);
 }
 
 // OutputKernelFn of the AVX512_BF16 kit: vdpbf16ps steps, rows written past the caches (bf16
