@@ -537,6 +537,16 @@ GMM_TARGET_AVX512 inline __m256i round_to_bf16_words(__m512 x) {
       _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan));
 }
 
+// Values of `element` bytes from `dst` on (at most n) before the first cache-line boundary: all n
+// when the row's values cannot start on a line.
+inline std::int64_t values_before_line(const void* dst, std::int64_t element, std::int64_t n) {
+  const auto misaligned =
+      static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
+  return misaligned % element != 0
+             ? n
+             : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / element);
+}
+
 // KernelKit::store_row of the AVX-512 paths: 16 values per step, masked at the row's end; with
 // bypass_cache, the whole cache lines of the row stream past the caches (vmovntps / vmovntdq)
 // and the partial lines at its ends are stored as usual (a line written both ways is slow).
@@ -545,12 +555,7 @@ GMM_TARGET_AVX512 inline void store_row_avx512_out(const float* src, void* dst, 
                                                    bool bypass_cache) {
   if (bypass_cache && !accumulate) {
     const std::int64_t element = static_cast<std::int64_t>(size_of(dtype));
-    const std::int64_t misaligned =
-        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
-    const std::int64_t head =
-        misaligned % element != 0
-            ? n
-            : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / element);
+    const std::int64_t head = values_before_line(dst, element, n);
     const std::int64_t line_values = kCacheLineBytes / element;
     const std::int64_t lines_end = head + (n - head) / line_values * line_values;
     store_row_avx512_out(src, dst, dtype, head, false, false);
@@ -611,9 +616,7 @@ GMM_TARGET_AVX512BF16 inline void store_row_avx512bf16_out(const float* src, voi
   auto* out = static_cast<std::uint16_t*>(dst);
   std::int64_t j = 0;
   if (bypass_cache) {  // up to the first line boundary as usual, then whole lines past the caches
-    const auto misaligned =
-        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
-    j = misaligned % 2 != 0 ? n : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / 2);
+    j = values_before_line(dst, 2, n);
     store_row_avx512_out(src, out, dtype, j, false, false);
   }
   for (; j + 32 <= n; j += 32) {
