@@ -3,7 +3,10 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
+#include "gmm/v2/driver.hpp"
 #include "v2/v2_cases.hpp"
 
 namespace gmm::test::v2 {
@@ -158,6 +161,70 @@ TEST_P(V2Gmm, SameBitsForAnyColumnSplit) {
         EXPECT_TRUE(same_bits(first, got)) << r.label << " " << threads << " threads";
       }
     }
+  }
+}
+
+// The tasks split_tasks makes for jobs of `rows` rows each (K 1000, N 4096, tiles of 512 x 512 x
+// 512, nothing streamed) on `threads` workers.
+std::vector<gmm::v2::detail::Task> tasks_for(const std::vector<std::int64_t>& rows, int threads) {
+  gmm::v2::detail::Product p;
+  p.tiles = {512, 512, 512};
+  p.n = 4096;
+  std::int64_t a = 0;
+  for (std::int64_t r : rows) {
+    gmm::v2::detail::Job job;
+    job.a_begin = a;
+    job.a_end = a += r;
+    job.k_end = 1000;
+    p.jobs.push_back(job);
+  }
+  return gmm::v2::detail::split_tasks(p, threads);
+}
+
+// Every (row, column) of every job in exactly one task.
+::testing::AssertionResult covers_once(const std::vector<std::int64_t>& rows,
+                                       const std::vector<gmm::v2::detail::Task>& tasks) {
+  std::int64_t total_rows = 0;
+  for (std::int64_t r : rows) total_rows += r;
+  std::vector<int> count(static_cast<std::size_t>(total_rows * 4096), 0);
+  for (const auto& t : tasks) {
+    for (std::int64_t i = t.a0; i < t.a1; ++i) {
+      for (std::int64_t j = t.n0; j < t.n1; ++j) ++count[i * 4096 + j];
+    }
+  }
+  for (std::size_t e = 0; e < count.size(); ++e) {
+    if (count[e] != 1) {
+      return ::testing::AssertionFailure()
+             << "row " << e / 4096 << " column " << e % 4096 << " in " << count[e] << " tasks";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Row tasks the workers can share evenly stay whole (cutting them packs their A rows once per
+// column range); uneven ones are cut into column ranges; either way each output once.
+TEST(V2Tasks, WholeWhenEvenCutWhenNot) {
+  struct Case {
+    std::vector<std::int64_t> rows;
+    int threads;
+    bool whole;
+  };
+  const Case cases[] = {
+      {{1024}, 2, true},       // two row blocks of 512 on two workers
+      {{252, 260}, 2, true},   // 1.6% over the even share
+      {{200, 312}, 2, false},  // 22% over
+      {{1536}, 2, false},      // three row blocks on two workers
+      {{1536}, 3, true},      {{1536}, 1, true}, {{100, 0, 100, 100}, 2, false},
+  };
+  for (const Case& c : cases) {
+    const auto tasks = tasks_for(c.rows, c.threads);
+    std::string label;
+    for (std::int64_t r : c.rows) label += std::to_string(r) + " ";
+    label += "rows, " + std::to_string(c.threads) + " threads";
+    bool whole = true;
+    for (const auto& t : tasks) whole = whole && t.n0 == 0 && t.n1 == 4096;
+    EXPECT_EQ(whole, c.whole) << label;
+    EXPECT_TRUE(covers_once(c.rows, tasks)) << label;
   }
 }
 

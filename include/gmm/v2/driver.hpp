@@ -479,50 +479,90 @@ inline double task_work(const Product& p, const Task& t) {
 // Tasks at which parallel_for balances the workers' loads well enough.
 constexpr int kTasksPerWorker = 4;
 
+// How far over the even share of the work (total / workers) the busiest worker may end up when
+// the packed row tasks stay whole (see split_tasks). Mixtral's fp8 forward (two groups of about
+// 256 rows, two workers; ms, whole against cut): 144 against 154 with groups of 252 and 260
+// rows, 151-156 against 155-158 with 240 and 272, level with 224 and 288 (12% over), 175-177
+// against 155-161 with 200 and 312.
+constexpr double kEvenShareSlack = 0.05;
+
+// The tasks heaviest first (ties in their order).
+inline void sort_heaviest_first(const Product& p, std::vector<Task>& tasks) {
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [&](const Task& a, const Task& b) { return task_work(p, a) > task_work(p, b); });
+}
+
+// True when `tasks` (heaviest first), each claimed by the worker that frees first as
+// parallel_for hands them out, leave no worker more than kEvenShareSlack over the even share.
+inline bool shared_evenly(const Product& p, const std::vector<Task>& tasks, int threads) {
+  std::vector<double> loads(static_cast<std::size_t>(threads), 0.0);
+  double total = 0;
+  for (const Task& t : tasks) {
+    const double work = task_work(p, t);
+    *std::min_element(loads.begin(), loads.end()) += work;
+    total += work;
+  }
+  return *std::max_element(loads.begin(), loads.end()) <= (1 + kEvenShareSlack) * total / threads;
+}
+
 // The tasks of a call: each job's rows cut into blocks of tiles.m, all columns. A task the kit
 // streams (streams()) is cut into column ranges of stream_columns() whatever the thread count
-// (one group of one row still keeps every worker busy); with several workers, another task
-// heavier than 1 / (kTasksPerWorker * threads) of the call's work (one large group, as in the
-// compute-bound shape) is cut into column ranges of whole tiles.n blocks, none much heavier
-// than that. The tasks come heaviest first, so the workers, which claim them in order, end on the
-// lightest ones. Results depend on neither: every element of C sums the same contraction chunks
-// in the same order whatever its task's columns and whenever its task runs.
+// (one group of one row still keeps every worker busy). With several workers that cannot share
+// the tasks evenly as they are (shared_evenly), another task heavier than 1 / (kTasksPerWorker *
+// threads) of the call's work (one large group, as in the compute-bound shape with a number of
+// row blocks the workers do not divide) is cut into column ranges of whole tiles.n blocks, none
+// much heavier than that. Tasks stay whole where they can because cut ones cost more: each column
+// range packs (and quantizes) the task's A rows again (the compute-bound fp8 forward's two row
+// blocks on two workers, cut into four ranges each, spent 5% of the call packing A, and ran 4%
+// slower than whole; its dlhs too). The tasks come heaviest first, so the workers, which claim them
+// in order, end on the lightest ones. Results depend on neither: every element of C sums the same
+// contraction chunks in the same order whatever its task's columns and whenever its task runs.
 inline std::vector<Task> split_tasks(const Product& p, int threads) {
-  std::vector<Task> rows;
+  std::vector<Task> whole;  // streamed tasks cut into their column ranges, packed tasks whole
+  std::vector<bool> cuttable;
   double total = 0;
   for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
     const Job& job = p.jobs[j];
     for (std::int64_t a = job.a_begin; a < job.a_end; a += p.tiles.m) {
-      rows.push_back({j, a, std::min(job.a_end, a + p.tiles.m), 0, p.n});
-      total += task_work(p, rows.back());
+      const Task t{j, a, std::min(job.a_end, a + p.tiles.m), 0, p.n};
+      total += task_work(p, t);
+      if (streams(p, job, t.a1 - t.a0)) {
+        const std::int64_t columns = stream_columns(job.b.source);
+        for (std::int64_t n = 0; n < p.n; n += columns) {
+          whole.push_back({t.job, t.a0, t.a1, n, std::min(p.n, n + columns), true});
+          cuttable.push_back(false);
+        }
+      } else {
+        whole.push_back(t);
+        cuttable.push_back(t.a1 - t.a0 > p.kit.few_rows);
+      }
     }
   }
-  const double target = total / (kTasksPerWorker * std::max(1, threads));
+  std::vector<Task> tasks = whole;
+  sort_heaviest_first(p, tasks);
+  if (threads <= 1 || shared_evenly(p, tasks, threads)) return tasks;
+
+  const double target = total / (kTasksPerWorker * threads);
   const std::int64_t column_blocks = (p.n + p.tiles.n - 1) / p.tiles.n;
-  std::vector<Task> tasks;
-  for (const Task& t : rows) {
-    const Job& job = p.jobs[t.job];
-    if (streams(p, job, t.a1 - t.a0)) {
-      const std::int64_t columns = stream_columns(job.b.source);
-      for (std::int64_t n = 0; n < p.n; n += columns) {
-        tasks.push_back({t.job, t.a0, t.a1, n, std::min(p.n, n + columns), true});
-      }
+  tasks.clear();
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    const Task& t = whole[i];
+    const std::int64_t pieces =
+        cuttable[i]
+            ? std::clamp<std::int64_t>(
+                  static_cast<std::int64_t>(std::ceil(task_work(p, t) / target)), 1, column_blocks)
+            : 1;
+    if (pieces == 1) {
+      tasks.push_back(t);
       continue;
     }
-    const bool skinny = t.a1 - t.a0 <= p.kit.few_rows;
-    const std::int64_t pieces =
-        skinny || threads <= 1
-            ? 1
-            : std::clamp<std::int64_t>(
-                  static_cast<std::int64_t>(std::ceil(task_work(p, t) / target)), 1, column_blocks);
     const std::int64_t blocks_per_piece = (column_blocks + pieces - 1) / pieces;
     for (std::int64_t b = 0; b < column_blocks; b += blocks_per_piece) {
       tasks.push_back(
           {t.job, t.a0, t.a1, b * p.tiles.n, std::min(p.n, (b + blocks_per_piece) * p.tiles.n)});
     }
   }
-  std::stable_sort(tasks.begin(), tasks.end(),
-                   [&](const Task& a, const Task& b) { return task_work(p, a) > task_work(p, b); });
+  sort_heaviest_first(p, tasks);
   return tasks;
 }
 
