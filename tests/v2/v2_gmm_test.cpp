@@ -210,11 +210,13 @@ TEST(V2Tasks, WholeWhenEvenCutWhenNot) {
     bool whole;
   };
   const Case cases[] = {
-      {{1024}, 2, true},       // two row blocks of 512 on two workers
-      {{252, 260}, 2, true},   // 1.6% over the even share
-      {{200, 312}, 2, false},  // 22% over
-      {{1536}, 2, false},      // three row blocks on two workers
-      {{1536}, 3, true},      {{1536}, 1, true}, {{100, 0, 100, 100}, 2, false},
+      {{1024}, 2, true},               // two row blocks of 512 on two workers
+      {{252, 260}, 2, true},           // 1.6% over the even share
+      {{200, 312}, 2, false},          // 22% over
+      {{1536}, 2, false},              // three row blocks on two workers
+      {{1536}, 3, true},               // three on three
+      {{1536}, 1, true},               // one worker: never cut
+      {{100, 0, 100, 100}, 2, false},  // three equal groups (and an empty one) on two workers
   };
   for (const Case& c : cases) {
     const auto tasks = tasks_for(c.rows, c.threads);
