@@ -519,7 +519,6 @@ inline bool shared_evenly(const Product& p, const std::vector<Task>& tasks, int 
 // contraction chunks in the same order whatever its task's columns and whenever its task runs.
 inline std::vector<Task> split_tasks(const Product& p, int threads) {
   std::vector<Task> whole;  // streamed tasks cut into their column ranges, packed tasks whole
-  std::vector<bool> cuttable;
   double total = 0;
   for (std::int64_t j = 0; j < static_cast<std::int64_t>(p.jobs.size()); ++j) {
     const Job& job = p.jobs[j];
@@ -530,11 +529,9 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
         const std::int64_t columns = stream_columns(job.b.source);
         for (std::int64_t n = 0; n < p.n; n += columns) {
           whole.push_back({t.job, t.a0, t.a1, n, std::min(p.n, n + columns), true});
-          cuttable.push_back(false);
         }
       } else {
         whole.push_back(t);
-        cuttable.push_back(t.a1 - t.a0 > p.kit.few_rows);
       }
     }
   }
@@ -545,10 +542,10 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
   const double target = total / (kTasksPerWorker * threads);
   const std::int64_t column_blocks = (p.n + p.tiles.n - 1) / p.tiles.n;
   tasks.clear();
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    const Task& t = whole[i];
+  for (const Task& t : whole) {
+    const bool cuttable = !t.stream && t.a1 - t.a0 > p.kit.few_rows;
     const std::int64_t pieces =
-        cuttable[i]
+        cuttable
             ? std::clamp<std::int64_t>(
                   static_cast<std::int64_t>(std::ceil(task_work(p, t) / target)), 1, column_blocks)
             : 1;
