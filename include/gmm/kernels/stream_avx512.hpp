@@ -3,8 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gmm/kernels/avx512.hpp"
@@ -287,16 +289,19 @@ GMM_TARGET_AVX512VBMI void stream_bf16_lanes_fp8(const PanelSource& b, std::int6
 // band's rows prefetched whole); each band is walked by one block of all the rows (up to
 // kStripBlock) or two of about half, each block in strips of 16 columns whose sums stay in
 // registers: every widened vector of B pairs serves all the block's rows, so the widening's
-// shuffles hide behind the dot products, and a second block finds the band in cache. A block
-// computes a multiple of 4 rows (at least 8), so a group of 17 to 24 rows (DeepSeek-V3's groups
-// average 16) is one block of 20 or 24, not 16 and 8 (25-33% faster over multinomial groups, 2
-// threads, scratch). Each column is summed pair by pair in order, as the packed micro-kernel sums
-// it. A strip loads and stores its rows' sums once per band: long bands (64 pairs: 128 KiB of an
-// fp8 span, 256 KiB of a bf16 one, in L2 with the next band) and wide spans (1024 columns, whole
-// rows of DeepSeek-V3's up projection) ran its 8- to 32-row fp8 groups 8-17% faster than 16-pair
-// bands over 512 columns (one thread, scratch).
+// shuffles hide behind the dot products, and a second block finds the band in cache. A group of
+// 17 to 24 rows (DeepSeek-V3's groups average 16) is one block, not 16 and 8 (25-33% faster over
+// multinomial groups, 2 threads, scratch), and a block computes exactly its rows: each width has
+// its own band function (blocks padded to a multiple of 4 rows computed 10% more rows over
+// DeepSeek-V3's multinomial groups and ran its fp8 forward 5% slower, 2 threads). Each column is
+// summed pair by pair in order, as the packed micro-kernel sums it. A strip loads and stores its
+// rows' sums once per band: long bands (64 pairs: 128 KiB of an fp8 span, 256 KiB of a bf16 one, in
+// L2 with the next band) and wide spans (1024 columns, whole rows of DeepSeek-V3's up projection)
+// ran its 8- to 32-row fp8 groups 8-17% faster than 16-pair bands over 512 columns (one thread,
+// scratch).
 constexpr int kStripRows = 32;
 constexpr int kStripBlock = 24;
+constexpr int kStripMinBlock = 5;  // fewer rows take the four-row streaming kernels
 constexpr std::int64_t kStripSpan = 1024;
 constexpr std::int64_t kStripBand = 64;
 
@@ -368,10 +373,10 @@ struct StripBand {
   bool first = false;  // the span's first band: the sums start at zero
 };
 
-// One band for a block of kRows rows (the last kRows - valid of them repeat row 0 of the block,
-// and their sums are dropped), strip by strip, each strip prefetching a part of the next band.
+// One band for a block of kRows rows, strip by strip, each strip prefetching a part of the next
+// band.
 template <DType kDtype, int kRows>
-GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, RowPrefetcher& next_band) {
+GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, RowPrefetcher& next_band) {
   static const Fp8QuadZip fp8_zip;
   static const Bf16PairZip bf16_zip;
   Fp8Widener widener{};
@@ -396,8 +401,7 @@ GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, RowPrefe
     __m512 acc[kRows];
 #pragma GCC unroll 24
     for (int i = 0; i < kRows; ++i) {
-      acc[i] = !first && i < valid ? _mm512_load_ps(sums + i * kStripSumsStride + j)
-                                   : _mm512_setzero_ps();
+      acc[i] = first ? _mm512_setzero_ps() : _mm512_load_ps(sums + i * kStripSumsStride + j);
     }
     // each quad's pairs are widened before the previous quad's products: the loads and shuffles
     // wait on nothing, so they run under the products whatever order the compiler's tuning picks
@@ -429,13 +433,20 @@ GMM_TARGET_AVX512VBMI void strip_band(const StripBand& band, int valid, RowPrefe
     }
 #pragma GCC unroll 24
     for (int i = 0; i < kRows; ++i) {
-      if (i < valid) _mm512_store_ps(sums + i * kStripSumsStride + j, acc[i]);
+      _mm512_store_ps(sums + i * kStripSumsStride + j, acc[i]);
     }
   }
 }
 
-// KernelKit::stream for 5 to kStripRows rows of lanes-contiguous fp8 or bf16 B: spans, bands and
-// blocks of rows (the last block's band function picked by its row count: 8, 12 or 16).
+// The band functions of blocks of kStripMinBlock + kOffsets rows, by offset.
+template <DType kDtype, int... kOffsets>
+constexpr std::array<void (*)(const StripBand&, RowPrefetcher&), sizeof...(kOffsets)> strip_bands(
+    std::integer_sequence<int, kOffsets...>) {
+  return {strip_band<kDtype, kStripMinBlock + kOffsets>...};
+}
+
+// KernelKit::stream for kStripMinBlock to kStripRows rows of lanes-contiguous fp8 or bf16 B:
+// spans, bands and blocks of rows (each block's band function picked by its row count).
 template <DType kDtype>
 GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t n0,
                                               std::int64_t n1, std::int64_t k0, std::int64_t kc,
@@ -448,13 +459,9 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
   alignas(64) std::int32_t a_pairs[kStripBand * kStripBlock];
   const auto* data = static_cast<const unsigned char*>(b.data);
   const std::int64_t pairs = (kc + 1) / 2;
-  using BandFn = void (*)(const StripBand&, int, RowPrefetcher&);
-  constexpr BandFn band_of_width[] = {strip_band<kDtype, 8>, strip_band<kDtype, 12>,
-                                      strip_band<kDtype, 16>, strip_band<kDtype, 20>,
-                                      strip_band<kDtype, 24>};
-  static_assert(sizeof band_of_width / sizeof band_of_width[0] == (kStripBlock - 8) / 4 + 1 &&
-                    (kStripRows + 1) / 2 <= kStripBlock,
-                "a band function for every block width");
+  constexpr auto band_of_width =
+      strip_bands<kDtype>(std::make_integer_sequence<int, kStripBlock - kStripMinBlock + 1>());
+  static_assert((kStripRows + 1) / 2 <= kStripBlock, "a band function for every block width");
   // one block of all the rows, or two of about half of them
   const int block = rows <= kStripBlock ? rows : (rows + 1) / 2;
   for (std::int64_t n = n0; n < n1; n += kStripSpan) {
@@ -474,17 +481,15 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
       RowPrefetcher next_band(b, k0 + 2 * (p0 + kStripBand), k0 + 2 * (p1 + kStripBand), n, cols,
                               kElement, (cols + 15) / 16);
       for (int i0 = 0; i0 < rows; i0 += block) {
-        const int valid = std::min(block, rows - i0);
-        const int width = std::max(8, (valid + 3) / 4 * 4);
+        const int block_rows = std::min(block, rows - i0);
         for (std::int64_t s = 0; s < band.pairs; ++s) {
-          for (int i = 0; i < width; ++i) {
-            std::memcpy(&a_pairs[s * width + i],
-                        a + (i0 + (i < valid ? i : 0)) * a_stride + 2 * (p0 + s),
+          for (int i = 0; i < block_rows; ++i) {
+            std::memcpy(&a_pairs[s * block_rows + i], a + (i0 + i) * a_stride + 2 * (p0 + s),
                         sizeof(std::int32_t));
           }
         }
         band.sums = sums + i0 * kStripSumsStride;
-        band_of_width[(width - 8) / 4](band, valid, next_band);
+        band_of_width[block_rows - kStripMinBlock](band, next_band);
       }
     }
     for (int i = 0; i < rows; ++i) {
@@ -785,7 +790,7 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
                                std::int64_t k0, std::int64_t kc, const void* a,
                                std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
                                const float* row_scales, const float* col_scales, bool first) {
-  if (rows > 4) {  // stream_rows_avx512_bf16: strips_take(b)
+  if (rows >= kStripMinBlock) {  // stream_rows_avx512_bf16: strips_take(b)
     const auto* pairs = static_cast<const std::uint16_t*>(a);
     const auto strips = b.dtype == DType::float8_e4m3fn ? stream_bf16_strips<DType::float8_e4m3fn>
                         : b.dtype == DType::float8_e5m2 ? stream_bf16_strips<DType::float8_e5m2>
