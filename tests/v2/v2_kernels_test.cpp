@@ -2,6 +2,7 @@
 // absmax scans and micro-kernels, bit for bit, on every ISA path this CPU runs.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -533,7 +534,8 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
     ASSERT_NE(kit.stream, nullptr) << name(kit.isa);
     std::vector<std::pair<std::string, kernels::StreamFn>> streams = {{"kit", kit.stream}};
 #if GMM_KERNELS_X86
-    // The fp8 kernels without vpermi2b (CPUs without AVX512_VBMI), called directly.
+    // The fp8 kernels without vpermi2b (CPUs without AVX512_VBMI), called directly (the kit's
+    // own stream takes the table kernels where the CPU has AVX512_VBMI).
     if (kit.format.element == PackedElement::bf16) {
       streams.push_back(
           {"fp8 without tables",
@@ -546,6 +548,20 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
                                    kernels::StreamBf16<DType::float8_e4m3fn, true, false>::Kernel>
                              : kernels::stream_rows_dispatch<
                                    kernels::StreamBf16<DType::float8_e4m3fn, false, false>::Kernel>;
+             run(rows, b, n0, n1, k0, kc, pa, a_stride, c, ldc, row_scales, col_scales, first);
+           }});
+    } else if (kit.isa == Isa::avx512f) {
+      streams.push_back(
+          {"fp8 without tables",
+           [](const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
+              std::int64_t kc, const void* pa, std::int64_t a_stride, int rows, float* c,
+              std::int64_t ldc, const float* row_scales, const float* col_scales, bool first) {
+             if (b.dtype != DType::float8_e4m3fn) return;
+             const bool runs = b.k_stride == 1;
+             auto run = runs ? kernels::stream_rows_dispatch<
+                                   kernels::StreamF32<DType::float8_e4m3fn, true, false>::Kernel>
+                             : kernels::stream_rows_dispatch<
+                                   kernels::StreamF32<DType::float8_e4m3fn, false, false>::Kernel>;
              run(rows, b, n0, n1, k0, kc, pa, a_stride, c, ldc, row_scales, col_scales, first);
            }});
     }
@@ -586,6 +602,80 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
   }
   EXPECT_GT(checked, 0);
 }
+
+#if GMM_KERNELS_X86
+// The AVX-512F kit's fp8 streaming kernels with the arithmetic widening (fp8_to_f32), as a
+// StreamFn: what the kit runs on CPUs without AVX512_VBMI.
+void stream_fp8_arithmetic(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
+                           std::int64_t kc, const void* a, std::int64_t a_stride, int rows,
+                           float* c, std::int64_t ldc, const float* row_scales,
+                           const float* col_scales, bool first) {
+  const bool runs = b.k_stride == 1;
+#define GMM_ARITHMETIC(D)                                                                        \
+  return runs ? kernels::stream_rows_dispatch<kernels::StreamF32<D, true, false>::Kernel>(       \
+                    rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first) \
+              : kernels::stream_rows_dispatch<kernels::StreamF32<D, false, false>::Kernel>(      \
+                    rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
+  if (b.dtype == DType::float8_e5m2) GMM_ARITHMETIC(DType::float8_e5m2);
+  GMM_ARITHMETIC(DType::float8_e4m3fn);
+#undef GMM_ARITHMETIC
+}
+
+// On a CPU with AVX512_VBMI the AVX-512F kit streams fp8 weights widened by table lookups; they
+// must give the same bits as the arithmetic widening over every code (subnormals, zeros of both
+// signs and NaN included: NaN sums only need to be NaN), in both layouts, for every row count,
+// over ragged ranges.
+TEST(V2Kernels, Fp8TableStreamsMatchArithmeticWideningBits) {
+  if (!kernels::isa_supported(Isa::avx512f) || !kernels::cpu_features().avx512vbmi) {
+    GTEST_SKIP() << "needs AVX-512F and AVX512_VBMI";
+  }
+  const KernelKit kit = kernels::select_kit(Isa::avx512f, false);
+  Rng rng(12);
+  const std::int64_t lanes = 300, depth = 333;
+  std::vector<float> a(4 * depth), rs(4), cs(lanes);
+  for (float& x : a) x = random_value(rng, DType::f32);
+  for (float& s : rs) s = random_scale(rng);
+  for (float& s : cs) s = random_scale(rng);
+  const std::vector<std::array<std::int64_t, 4>> ranges = {// n0, n1, k0, kc
+                                                           {0, 300, 0, 333},
+                                                           {5, 77, 3, 64},
+                                                           {64, 65, 1, 200},
+                                                           {13, 290, 7, 63}};
+  int checked = 0;
+  for (DType dtype : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+    // every code; the non-finite ones only in every 37th lane, so the other sums stay finite
+    std::vector<float> values(lanes * depth);
+    for (std::int64_t i = 0; i < lanes * depth; ++i) {
+      do {
+        const auto code = static_cast<std::uint8_t>(rng.integer(0, 255));
+        values[i] = load_as_float(&code, dtype, 0);
+      } while (!std::isfinite(values[i]) && (i / depth) % 37 != 5);
+    }
+    for (bool runs : {false, true}) {
+      const StreamOperand b = stream_operand(values, dtype, lanes, depth, runs);
+      for (int rows = 1; rows <= 4; ++rows) {
+        for (const auto& [n0, n1, k0, kc] : ranges) {
+          const std::int64_t ldc = n1 - n0 + 1;
+          const std::vector<float> tables =
+              run_stream(kit.stream, kit, b.source, a, depth, rows, n0, n1, k0, kc, rs, cs, ldc);
+          const std::vector<float> arithmetic = run_stream(
+              stream_fp8_arithmetic, kit, b.source, a, depth, rows, n0, n1, k0, kc, rs, cs, ldc);
+          for (std::size_t q = 0; q < tables.size(); ++q) {
+            // a sum of NaNs of both signs may keep either (the FMA's operand order picks it)
+            if (std::isnan(tables[q]) && std::isnan(arithmetic[q])) continue;
+            ASSERT_EQ(std::memcmp(&tables[q], &arithmetic[q], sizeof(float)), 0)
+                << name(dtype) << " runs=" << runs << " rows=" << rows << " n=[" << n0 << "," << n1
+                << ") k0=" << k0 << " kc=" << kc << " at " << q << ": " << tables[q] << " vs "
+                << arithmetic[q];
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 2 * 4 * 4);
+}
+#endif
 
 // Over B with contiguous columns the streaming kernels sum each column in the packed
 // micro-kernel's order, so on arbitrary data their results equal the packed path's bit for bit

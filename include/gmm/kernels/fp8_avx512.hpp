@@ -13,6 +13,11 @@
 #if GMM_KERNELS_X86
 #define GMM_TARGET_AVX512VBMI \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16,avx512vbmi")))
+// The table widening alone, without AVX512_BF16: a subset of the target above, so the bf16 kits'
+// kernels inline it, and the AVX-512F kit's fp32 kernels use it on CPUs with AVX512_VBMI but not
+// AVX512_BF16 (Ice Lake).
+#define GMM_TARGET_VBMI_WIDEN \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512vbmi")))
 
 GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
 
@@ -64,7 +69,7 @@ struct Fp8Widener {
 };
 
 template <DType kFp8>
-GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener() {
+GMM_TARGET_VBMI_WIDEN inline Fp8Widener fp8_widener() {
   static const Fp8Bf16Bytes<kFp8> table;
   static const Fp8Zip zip;
   return {_mm512_load_si512(table.high),  _mm512_load_si512(table.high + 64),
@@ -75,7 +80,7 @@ GMM_TARGET_AVX512VBMI inline Fp8Widener fp8_widener() {
 // The bf16 words of 64 fp8 codes: two 128-entry lookups (vpermi2b, the sign bit merged back by
 // one ternary logic op), then the words of bytes 0..7 of each 128-bit lane (first) and of bytes
 // 8..15 (second).
-GMM_TARGET_AVX512VBMI inline void lookup_bf16(__m512i codes, const Fp8Widener& t, __m512i& first,
+GMM_TARGET_VBMI_WIDEN inline void lookup_bf16(__m512i codes, const Fp8Widener& t, __m512i& first,
                                               __m512i& second) {
   const __m512i high =
       _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,

@@ -70,7 +70,8 @@ GMM_TARGET_AVX512 inline __m512i run_pairs(const void* data, std::int64_t index,
 // [n, n + cols), whole row after whole row, a part at a time: the next band's rows, spread over
 // the blocks (or strips) of the current band, so that the memory sees each row's run in order
 // whatever order the kernel then reads it in (each row is a new page of the weights, which the
-// hardware prefetchers do not follow). No-op for B with strided lanes.
+// hardware prefetchers do not follow). No-op for B with strided lanes, and on CPUs where the
+// hardware prefetchers do better (CpuFeatures::row_prefetch).
 class RowPrefetcher {
  public:
   RowPrefetcher(const PanelSource& b, std::int64_t row0, std::int64_t row1, std::int64_t n,
@@ -78,7 +79,7 @@ class RowPrefetcher {
       : row_(static_cast<const char*>(b.data) + (row0 * b.k_stride + n) * element),
         row_bytes_(cols * element),
         stride_(b.k_stride * element),
-        rows_left_(b.lane_stride == 1 ? row1 - row0 : 0) {
+        rows_left_(b.lane_stride == 1 && cpu_features().row_prefetch ? row1 - row0 : 0) {
     const std::int64_t lines = rows_left_ * ((row_bytes_ + 63) / 64);
     per_part_ = (lines + parts - 1) / std::max<std::int64_t>(1, parts);
   }
@@ -660,6 +661,77 @@ GMM_TARGET_AVX512 void stream_f32_lanes(const PanelSource& b, std::int64_t n0, s
   }
 }
 
+// Lanes-contiguous fp8 B on a CPU with AVX512_VBMI (see stream_f32_lanes): 64 columns of a
+// contraction row widened at a time by the table lookups (lookup_bf16), the bf16 words then
+// widened to fp32 in-lane, so each vector holds in its 128-bit lane L columns 16L + 4v .. 16L + 4v
+// + 3, the order of widen_fp8_lanes (stream_store_span_fp8 puts them back). Nine instructions
+// widen 64 values where fp8_to_f32 takes about fifty: the widening bounded stream_f32_lanes on fp8
+// decode (8 GB/s of weights on Ice Lake, 2 threads).
+template <DType kFp8, int kRows, int kNv>
+GMM_TARGET_VBMI_WIDEN void stream_f32_lanes_fp8(const PanelSource& b, std::int64_t n0,
+                                                std::int64_t n1, std::int64_t k0, std::int64_t kc,
+                                                const float* a, std::int64_t a_stride, float* c,
+                                                std::int64_t ldc, const float* row_scales,
+                                                const float* col_scales, bool first) {
+  static_assert(kNv % 4 == 0, "blocks of whole 64-column widenings");
+  constexpr std::int64_t kBlock = 16 * kNv, kBandRows = 2 * kStreamBand;
+  alignas(64) float sums[kRows][kStreamSpan];
+  const Fp8Widener widener = fp8_widener<kFp8>();
+  const auto* data = static_cast<const std::uint8_t*>(b.data);
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::int64_t n = n0; n < n1; n += kStreamSpan) {
+    const std::int64_t cols = std::min(kStreamSpan, n1 - n);
+    const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
+    for (int i = 0; i < kRows; ++i) std::fill(sums[i], sums[i] + blocks * kBlock, 0.0f);
+    for (std::int64_t r0 = 0; r0 < kc; r0 += kBandRows) {
+      const std::int64_t r1 = std::min(kc, r0 + kBandRows);
+      RowPrefetcher next_band(b, k0 + r0 + kBandRows, k0 + r1 + kBandRows, n, cols, 1, blocks);
+      for (std::int64_t block = 0; block < blocks; ++block) {
+        const std::int64_t j = block * kBlock;
+        next_band.next_part();
+        __m512 acc[kRows][kNv];
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_load_ps(sums[i] + j + 16 * v);
+        }
+        for (std::int64_t k = r0; k < r1; ++k) {
+          const std::uint8_t* row = data + (k0 + k) * b.k_stride + n + j;
+#pragma GCC unroll 2
+          for (int u = 0; u < kNv / 4; ++u) {
+            __m512i words[2];
+            lookup_bf16(_mm512_maskz_loadu_epi8(first_bytes(cols - j - 64 * u), row + 64 * u),
+                        widener, words[0], words[1]);
+            __m512 bv[4];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+              bv[2 * h] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[h]));
+              bv[2 * h + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[h]));
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < kRows; ++i) {
+              const __m512 av = _mm512_set1_ps(a[i * a_stride + k]);
+#pragma GCC unroll 4
+              for (int v = 0; v < 4; ++v) {
+                acc[i][4 * u + v] = _mm512_fmadd_ps(av, bv[v], acc[i][4 * u + v]);
+              }
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+          for (int v = 0; v < kNv; ++v) _mm512_store_ps(sums[i] + j + 16 * v, acc[i][v]);
+        }
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      stream_store_span_fp8(c + i * ldc + (n - n0), sums[i], row_scales[i], col_scales + (n - n0),
+                            cols, first);
+    }
+  }
+}
+
 // Contraction-contiguous B: blocks of kCols columns, each column's run read 64 indices at a time
 // as four vectors, widened exactly from any dtype.
 template <DType kDtype, int kRows, int kCols>
@@ -691,6 +763,75 @@ GMM_TARGET_AVX512 void stream_f32_runs(const PanelSource& b, std::int64_t n0, st
           for (int i = 0; i < kRows; ++i) {
             const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
             acc[i][j] = _mm512_fmadd_ps(av, bv, acc[i][j]);
+          }
+        }
+      }
+    }
+    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
+                                    first);
+  }
+}
+
+// Indices of one vpermb that reorders 64 contraction codes so that lookup_bf16 and the in-lane
+// word unpacks of stream_f32_runs_fp8 emit them in order: vector v holds indices 16v .. 16v + 15
+// (lane L, element e of vector v comes from position 16L + 4v + e of the reordered codes).
+struct Fp8RunOrder {
+  alignas(64) std::uint8_t index[64];
+  Fp8RunOrder() {
+    for (int lane = 0; lane < 4; ++lane) {
+      for (int v = 0; v < 4; ++v) {
+        for (int e = 0; e < 4; ++e) {
+          index[16 * lane + 4 * v + e] = static_cast<std::uint8_t>(16 * v + 4 * lane + e);
+        }
+      }
+    }
+  }
+};
+
+// Contraction-contiguous fp8 B on a CPU with AVX512_VBMI (see stream_f32_runs): each column's 64
+// codes reordered (vpermb) and widened by the table lookups into the four vectors
+// stream_f32_runs loads, in the same order, so the sums are bit-identical to it. On Ice Lake the
+// widening by fp8_to_f32 held the fp8 decode dlhs to 10 GB/s of weights (2 threads).
+template <DType kFp8, int kRows, int kCols>
+GMM_TARGET_VBMI_WIDEN void stream_f32_runs_fp8(const PanelSource& b, std::int64_t n0,
+                                               std::int64_t n1, std::int64_t k0, std::int64_t kc,
+                                               const float* a, std::int64_t a_stride, float* c,
+                                               std::int64_t ldc, const float* row_scales,
+                                               const float* col_scales, bool first) {
+  static const Fp8RunOrder run_order;
+  const Fp8Widener widener = fp8_widener<kFp8>();
+  const __m512i order = _mm512_load_si512(run_order.index);
+  const __m512i zero = _mm512_setzero_si512();
+  const auto* data = static_cast<const std::uint8_t*>(b.data);
+  for (std::int64_t n = n0; n < n1; n += kCols) {
+    const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
+    __m512 acc[kRows][kCols];
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (std::int64_t k = 0; k < kc; k += 64) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) {
+        if (j >= cols) break;
+        const std::uint8_t* run = data + (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
+        _mm_prefetch(reinterpret_cast<const char*>(run + 256), _MM_HINT_T1);
+        __m512i words[2];
+        lookup_bf16(
+            _mm512_permutexvar_epi8(order, _mm512_maskz_loadu_epi8(first_bytes(kc - k), run)),
+            widener, words[0], words[1]);
+        const __m512 bv[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[0])),
+                              _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[0])),
+                              _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[1])),
+                              _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[1]))};
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          const __mmask16 mask = first_lanes(kc - k - 16 * q);
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) {
+            const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
+            acc[i][j] = _mm512_fmadd_ps(av, bv[q], acc[i][j]);
           }
         }
       }
@@ -763,7 +904,7 @@ struct StreamBf16 {
   };
 };
 
-template <DType kDtype, bool kRuns>
+template <DType kDtype, bool kRuns, bool kFp8Tables = false>
 struct StreamF32 {
   template <int kRows>
   struct Kernel {
@@ -772,7 +913,13 @@ struct StreamF32 {
                     std::int64_t ldc, const float* row_scales, const float* col_scales,
                     bool first) {
       const auto* values = static_cast<const float*>(a);
-      if constexpr (kRuns) {
+      if constexpr (kRuns && kFp8Tables) {
+        stream_f32_runs_fp8<kDtype, kRows, stream_run_columns(kRows)>(
+            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
+      } else if constexpr (kFp8Tables) {
+        stream_f32_lanes_fp8<kDtype, kRows, stream_lane_vectors(kRows)>(
+            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
+      } else if constexpr (kRuns) {
         stream_f32_runs<kDtype, kRows, stream_run_columns(kRows)>(
             b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
       } else {
@@ -823,31 +970,37 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
 #undef GMM_STREAM
 }
 
-// KernelKit::stream of the AVX-512F kit: B's dtype and layout pick the kernel.
+// KernelKit::stream of the AVX-512F kit: B's dtype and layout pick the kernel; fp8 with
+// contiguous columns or runs widens through the vpermi2b tables where the CPU has AVX512_VBMI.
 inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
                               std::int64_t k0, std::int64_t kc, const void* a,
                               std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
                               const float* row_scales, const float* col_scales, bool first) {
   const bool runs = b.k_stride == 1;
-#define GMM_STREAM(D)                                                                 \
-  if (runs) {                                                                         \
-    return stream_rows_dispatch<StreamF32<D, true>::template Kernel>(                 \
-        rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first); \
-  }                                                                                   \
-  return stream_rows_dispatch<StreamF32<D, false>::template Kernel>(                  \
+  const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
+#define GMM_STREAM(D, RUNS, TABLES)                                         \
+  return stream_rows_dispatch<StreamF32<D, RUNS, TABLES>::template Kernel>( \
       rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
+#define GMM_STREAM_LAYOUTS(D)           \
+  if (runs) GMM_STREAM(D, true, false); \
+  GMM_STREAM(D, false, false)
   switch (b.dtype) {
     case DType::f32:
-      GMM_STREAM(DType::f32);
+      GMM_STREAM_LAYOUTS(DType::f32);
     case DType::bf16:
-      GMM_STREAM(DType::bf16);
+      GMM_STREAM_LAYOUTS(DType::bf16);
     case DType::float8_e4m3fn:
-      GMM_STREAM(DType::float8_e4m3fn);
+      if (tables && runs) GMM_STREAM(DType::float8_e4m3fn, true, true);
+      if (tables) GMM_STREAM(DType::float8_e4m3fn, false, true);
+      GMM_STREAM_LAYOUTS(DType::float8_e4m3fn);
     case DType::float8_e5m2:
-      GMM_STREAM(DType::float8_e5m2);
+      if (tables && runs) GMM_STREAM(DType::float8_e5m2, true, true);
+      if (tables) GMM_STREAM(DType::float8_e5m2, false, true);
+      GMM_STREAM_LAYOUTS(DType::float8_e5m2);
     case DType::int8:
-      GMM_STREAM(DType::int8);
+      GMM_STREAM_LAYOUTS(DType::int8);
   }
+#undef GMM_STREAM_LAYOUTS
 #undef GMM_STREAM
 }
 
