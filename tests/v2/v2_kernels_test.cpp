@@ -498,6 +498,34 @@ std::vector<int> stream_row_counts(int most) {
   return out;
 }
 
+#if GMM_KERNELS_X86
+// The fp8 streaming kernels of a kit family (StreamBf16 or StreamF32) with the arithmetic
+// widening (fp8_to_f32), as a StreamFn: what the kit runs on CPUs without AVX512_VBMI.
+template <template <DType, bool, bool> class kFamily, DType kFp8>
+void stream_fp8_arithmetic_typed(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                                 std::int64_t k0, std::int64_t kc, const void* a,
+                                 std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
+                                 const float* row_scales, const float* col_scales, bool first) {
+  if (b.k_stride == 1) {
+    return kernels::stream_rows_dispatch<kFamily<kFp8, true, false>::template Kernel>(
+        rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+  }
+  kernels::stream_rows_dispatch<kFamily<kFp8, false, false>::template Kernel>(
+      rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+}
+
+template <template <DType, bool, bool> class kFamily>
+void stream_fp8_arithmetic(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
+                           std::int64_t kc, const void* a, std::int64_t a_stride, int rows,
+                           float* c, std::int64_t ldc, const float* row_scales,
+                           const float* col_scales, bool first) {
+  const auto run = b.dtype == DType::float8_e5m2
+                       ? stream_fp8_arithmetic_typed<kFamily, DType::float8_e5m2>
+                       : stream_fp8_arithmetic_typed<kFamily, DType::float8_e4m3fn>;
+  run(b, n0, n1, k0, kc, a, a_stride, rows, c, ldc, row_scales, col_scales, first);
+}
+#endif
+
 // Each streaming kernel computes c (= / +=) (A B) * row_scale * col_scale from unpacked B; with
 // small integers every sum is exact, so it must equal the scalar loop bit for bit: both B
 // layouts, every B dtype, every row count the kit streams, ragged column ranges (one wider than
@@ -537,33 +565,9 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
     // The fp8 kernels without vpermi2b (CPUs without AVX512_VBMI), called directly (the kit's
     // own stream takes the table kernels where the CPU has AVX512_VBMI).
     if (kit.format.element == PackedElement::bf16) {
-      streams.push_back(
-          {"fp8 without tables",
-           [](const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-              std::int64_t kc, const void* pa, std::int64_t a_stride, int rows, float* c,
-              std::int64_t ldc, const float* row_scales, const float* col_scales, bool first) {
-             if (b.dtype != DType::float8_e4m3fn) return;
-             const bool runs = b.k_stride == 1;
-             auto run = runs ? kernels::stream_rows_dispatch<
-                                   kernels::StreamBf16<DType::float8_e4m3fn, true, false>::Kernel>
-                             : kernels::stream_rows_dispatch<
-                                   kernels::StreamBf16<DType::float8_e4m3fn, false, false>::Kernel>;
-             run(rows, b, n0, n1, k0, kc, pa, a_stride, c, ldc, row_scales, col_scales, first);
-           }});
+      streams.push_back({"fp8 without tables", stream_fp8_arithmetic<kernels::StreamBf16>});
     } else if (kit.isa == Isa::avx512f) {
-      streams.push_back(
-          {"fp8 without tables",
-           [](const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-              std::int64_t kc, const void* pa, std::int64_t a_stride, int rows, float* c,
-              std::int64_t ldc, const float* row_scales, const float* col_scales, bool first) {
-             if (b.dtype != DType::float8_e4m3fn) return;
-             const bool runs = b.k_stride == 1;
-             auto run = runs ? kernels::stream_rows_dispatch<
-                                   kernels::StreamF32<DType::float8_e4m3fn, true, false>::Kernel>
-                             : kernels::stream_rows_dispatch<
-                                   kernels::StreamF32<DType::float8_e4m3fn, false, false>::Kernel>;
-             run(rows, b, n0, n1, k0, kc, pa, a_stride, c, ldc, row_scales, col_scales, first);
-           }});
+      streams.push_back({"fp8 without tables", stream_fp8_arithmetic<kernels::StreamF32>});
     }
 #endif
     for (const auto& [label, stream] : streams) {
@@ -604,23 +608,6 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
 }
 
 #if GMM_KERNELS_X86
-// The AVX-512F kit's fp8 streaming kernels with the arithmetic widening (fp8_to_f32), as a
-// StreamFn: what the kit runs on CPUs without AVX512_VBMI.
-void stream_fp8_arithmetic(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-                           std::int64_t kc, const void* a, std::int64_t a_stride, int rows,
-                           float* c, std::int64_t ldc, const float* row_scales,
-                           const float* col_scales, bool first) {
-  const bool runs = b.k_stride == 1;
-#define GMM_ARITHMETIC(D)                                                                        \
-  return runs ? kernels::stream_rows_dispatch<kernels::StreamF32<D, true, false>::Kernel>(       \
-                    rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first) \
-              : kernels::stream_rows_dispatch<kernels::StreamF32<D, false, false>::Kernel>(      \
-                    rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
-  if (b.dtype == DType::float8_e5m2) GMM_ARITHMETIC(DType::float8_e5m2);
-  GMM_ARITHMETIC(DType::float8_e4m3fn);
-#undef GMM_ARITHMETIC
-}
-
 // On a CPU with AVX512_VBMI the AVX-512F kit streams fp8 weights widened by table lookups; they
 // must give the same bits as the arithmetic widening over every code (subnormals, zeros of both
 // signs and NaN included: NaN sums only need to be NaN), in both layouts, for every row count,
@@ -659,8 +646,9 @@ TEST(V2Kernels, Fp8TableStreamsMatchArithmeticWideningBits) {
           const std::int64_t ldc = n1 - n0 + 1;
           const std::vector<float> tables =
               run_stream(kit.stream, kit, b.source, a, depth, rows, n0, n1, k0, kc, rs, cs, ldc);
-          const std::vector<float> arithmetic = run_stream(
-              stream_fp8_arithmetic, kit, b.source, a, depth, rows, n0, n1, k0, kc, rs, cs, ldc);
+          const std::vector<float> arithmetic =
+              run_stream(stream_fp8_arithmetic<kernels::StreamF32>, kit, b.source, a, depth, rows,
+                         n0, n1, k0, kc, rs, cs, ldc);
           for (std::size_t q = 0; q < tables.size(); ++q) {
             // a sum of NaNs of both signs may keep either (the FMA's operand order picks it)
             if (std::isnan(tables[q]) && std::isnan(arithmetic[q])) continue;
