@@ -471,21 +471,42 @@ StreamOperand stream_operand(const std::vector<float>& values, DType dtype, std:
   return op;
 }
 
+// The factor of chunk s's scales in run_stream: powers of two, so exact sums stay exact.
+float chunk_factor(std::int64_t s) { return std::ldexp(1.0f, static_cast<int>(s % 3 - s % 2)); }
+
 // Runs a streaming kernel twice (first, then accumulating) over columns [n0, n1) and contraction
-// [k0, k0 + kc) of B and returns C with sentinels around the written block.
+// [k0, k0 + kc) of B, cut into chunks of `chunk` indices (the last may be shorter; 0: one chunk),
+// chunk s with row scales rs and column scales cs times chunk_factor(s), and returns C with
+// sentinels around the written block.
 std::vector<float> run_stream(kernels::StreamFn stream, const KernelKit& kit, const PanelSource& b,
                               const std::vector<float>& a, std::int64_t depth, int rows,
                               std::int64_t n0, std::int64_t n1, std::int64_t k0, std::int64_t kc,
                               const std::vector<float>& rs, const std::vector<float>& cs,
-                              std::int64_t ldc) {
+                              std::int64_t ldc, std::int64_t chunk = 0) {
   const kernels::PackedFormat& f = kit.format;
-  PanelSource sa{a.data(), DType::f32, depth, 1};
-  std::vector<unsigned char> pa(f.panel_bytes(rows, kc));
-  reference_packer(kit, PanelOrder::lane_major)(sa, rows, 0, rows, k0, kc, rs.data(), pa.data());
+  const PanelSource sa{a.data(), DType::f32, depth, 1};
+  const std::int64_t length = chunk > 0 ? chunk : std::max<std::int64_t>(kc, 1);
+  const std::int64_t count = (kc + length - 1) / length;
+  std::vector<std::vector<unsigned char>> panels(count);
+  std::vector<std::vector<float>> row_scales(count), col_scales(count);
+  std::vector<kernels::StreamChunk> chunks(count);
+  for (std::int64_t s = 0; s < count; ++s) {
+    kernels::StreamChunk& c = chunks[s];
+    c.k0 = k0 + s * length;
+    c.kc = std::min(length, k0 + kc - c.k0);
+    for (float x : rs) row_scales[s].push_back(x * chunk_factor(s));
+    for (std::int64_t j = n0; j < n1; ++j) col_scales[s].push_back(cs[j] * chunk_factor(s));
+    panels[s].resize(f.panel_bytes(rows, c.kc));
+    reference_packer(kit, PanelOrder::lane_major)(sa, rows, 0, rows, c.k0, c.kc,
+                                                  row_scales[s].data(), panels[s].data());
+    c.a = panels[s].data();
+    c.a_stride = f.steps(c.kc) * f.depth;
+    c.row_scales = row_scales[s].data();
+    c.col_scales = col_scales[s].data();
+  }
   std::vector<float> c(static_cast<std::size_t>((rows + 1) * ldc), 5.0f);
   for (bool first : {true, false}) {
-    stream(b, n0, n1, k0, kc, pa.data(), f.steps(kc) * f.depth, rows, c.data(), ldc, rs.data(),
-           cs.data() + n0, first);
+    stream(b, n0, n1, chunks.data(), count, rows, c.data(), ldc, first);
   }
   return c;
 }
@@ -503,34 +524,33 @@ std::vector<int> stream_row_counts(int most) {
 // widening (fp8_to_f32), as a StreamFn: what the kit runs on CPUs without AVX512_VBMI.
 template <template <DType, bool, bool> class kFamily, DType kFp8>
 void stream_fp8_arithmetic_typed(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                                 std::int64_t k0, std::int64_t kc, const void* a,
-                                 std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
-                                 const float* row_scales, const float* col_scales, bool first) {
+                                 const kernels::StreamChunk* chunks, std::int64_t count, int rows,
+                                 float* c, std::int64_t ldc, bool first) {
   if (b.k_stride == 1) {
     return kernels::stream_rows_dispatch<kFamily<kFp8, true, false>::template Kernel>(
-        rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+        rows, b, n0, n1, chunks, count, c, ldc, first);
   }
   kernels::stream_rows_dispatch<kFamily<kFp8, false, false>::template Kernel>(
-      rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+      rows, b, n0, n1, chunks, count, c, ldc, first);
 }
 
 template <template <DType, bool, bool> class kFamily>
-void stream_fp8_arithmetic(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-                           std::int64_t kc, const void* a, std::int64_t a_stride, int rows,
-                           float* c, std::int64_t ldc, const float* row_scales,
-                           const float* col_scales, bool first) {
+void stream_fp8_arithmetic(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                           const kernels::StreamChunk* chunks, std::int64_t count, int rows,
+                           float* c, std::int64_t ldc, bool first) {
   const auto run = b.dtype == DType::float8_e5m2
                        ? stream_fp8_arithmetic_typed<kFamily, DType::float8_e5m2>
                        : stream_fp8_arithmetic_typed<kFamily, DType::float8_e4m3fn>;
-  run(b, n0, n1, k0, kc, a, a_stride, rows, c, ldc, row_scales, col_scales, first);
+  run(b, n0, n1, chunks, count, rows, c, ldc, first);
 }
 #endif
 
-// Each streaming kernel computes c (= / +=) (A B) * row_scale * col_scale from unpacked B; with
-// small integers every sum is exact, so it must equal the scalar loop bit for bit: both B
-// layouts, every B dtype, every row count the kit streams, ragged column ranges (one wider than
-// the strip kernel's span of 1024 columns, over more than two of its 64-pair bands), odd
-// contraction lengths.
+// Each streaming kernel computes c (= / +=) the sum over its chunks of (A B) * row_scale *
+// col_scale from unpacked B; with small integers and power-of-two scales every sum is exact, so it
+// must equal the scalar loop bit for bit: both B layouts, every B dtype, every row count the kit
+// streams, ragged column ranges (one wider than the strip kernel's span of 1024 columns, over more
+// than two of its 64-pair bands), odd contraction lengths, one chunk or several (scale segments,
+// some shorter than a 64-index block, some not starting on one).
 TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
   Rng rng(10);
   const std::int64_t lanes = 1100, depth = 300, max_rows = 32;
@@ -541,18 +561,22 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
   for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
   for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
   struct Range {
-    std::int64_t n0, n1, k0, kc;
+    std::int64_t n0, n1, k0, kc, chunk;  // chunk: see run_stream
   };
-  const std::vector<Range> ranges = {{0, 1, 0, 1},     {3, 20, 5, 45},     {0, 64, 0, 64},
-                                     {7, 333, 2, 131}, {64, 200, 11, 128}, {5, 1100, 1, 270}};
-  // per range: the exact sums of every row, row i at i * (n1 - n0)
+  const std::vector<Range> ranges = {
+      {0, 1, 0, 1, 0},       {3, 20, 5, 45, 0},      {0, 64, 0, 64, 0},  {7, 333, 2, 131, 0},
+      {64, 200, 11, 128, 0}, {5, 1100, 1, 270, 0},   {0, 64, 0, 64, 16}, {7, 333, 2, 131, 64},
+      {9, 50, 3, 297, 128},  {5, 1100, 1, 270, 100}, {1, 30, 10, 90, 7}};
+  // per range: the exact sums of every row with chunk_factor(s)^2, row i at i * (n1 - n0)
   std::vector<std::vector<double>> sums;
   for (const Range& r : ranges) {
     std::vector<double>& range_sums = sums.emplace_back(max_rows * (r.n1 - r.n0), 0.0);
     for (std::int64_t i = 0; i < max_rows; ++i) {
       for (std::int64_t j = 0; j < r.n1 - r.n0; ++j) {
         for (std::int64_t k = r.k0; k < r.k0 + r.kc; ++k) {
-          range_sums[i * (r.n1 - r.n0) + j] += a[i * depth + k] * values[(r.n0 + j) * depth + k];
+          const double factor = r.chunk > 0 ? chunk_factor((k - r.k0) / r.chunk) : 1.0;
+          range_sums[i * (r.n1 - r.n0) + j] +=
+              a[i * depth + k] * values[(r.n0 + j) * depth + k] * factor * factor;
         }
       }
     }
@@ -583,7 +607,7 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
               const Range& r = ranges[ri];
               const std::int64_t ldc = r.n1 - r.n0 + 3;
               const std::vector<float> c = run_stream(stream, kit, b.source, a, depth, rows, r.n0,
-                                                      r.n1, r.k0, r.kc, rs, cs, ldc);
+                                                      r.n1, r.k0, r.kc, rs, cs, ldc, r.chunk);
               for (int i = 0; i <= rows; ++i) {
                 for (std::int64_t j = 0; j < ldc; ++j) {
                   float expected = 5.0f;
@@ -594,7 +618,7 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
                   ASSERT_EQ(c[i * ldc + j], expected)
                       << name(kit.isa) << " " << label << " " << name(dtype) << " runs=" << runs
                       << " rows=" << rows << " n=[" << r.n0 << "," << r.n1 << ") k0=" << r.k0
-                      << " kc=" << r.kc << " at " << i << "," << j;
+                      << " kc=" << r.kc << " chunk=" << r.chunk << " at " << i << "," << j;
                 }
               }
               ++checked;
@@ -623,11 +647,12 @@ TEST(V2Kernels, Fp8TableStreamsMatchArithmeticWideningBits) {
   for (float& x : a) x = random_value(rng, DType::f32);
   for (float& s : rs) s = random_scale(rng);
   for (float& s : cs) s = random_scale(rng);
-  const std::vector<std::array<std::int64_t, 4>> ranges = {// n0, n1, k0, kc
-                                                           {0, 300, 0, 333},
-                                                           {5, 77, 3, 64},
-                                                           {64, 65, 1, 200},
-                                                           {13, 290, 7, 63}};
+  const std::vector<std::array<std::int64_t, 5>> ranges = {// n0, n1, k0, kc, chunk
+                                                           {0, 300, 0, 333, 0},
+                                                           {5, 77, 3, 64, 0},
+                                                           {64, 65, 1, 200, 0},
+                                                           {13, 290, 7, 63, 0},
+                                                           {2, 250, 5, 320, 128}};
   std::array<std::uint8_t, 256> codes;
   for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(c);
   int checked = 0;
@@ -642,27 +667,27 @@ TEST(V2Kernels, Fp8TableStreamsMatchArithmeticWideningBits) {
     for (bool runs : {false, true}) {
       const StreamOperand b = stream_operand(values, dtype, lanes, depth, runs);
       for (int rows = 1; rows <= 4; ++rows) {
-        for (const auto& [n0, n1, k0, kc] : ranges) {
+        for (const auto& [n0, n1, k0, kc, chunk] : ranges) {
           const std::int64_t ldc = n1 - n0 + 1;
-          const std::vector<float> tables =
-              run_stream(kit.stream, kit, b.source, a, depth, rows, n0, n1, k0, kc, rs, cs, ldc);
+          const std::vector<float> tables = run_stream(kit.stream, kit, b.source, a, depth, rows,
+                                                       n0, n1, k0, kc, rs, cs, ldc, chunk);
           const std::vector<float> arithmetic =
               run_stream(stream_fp8_arithmetic<kernels::StreamF32>, kit, b.source, a, depth, rows,
-                         n0, n1, k0, kc, rs, cs, ldc);
+                         n0, n1, k0, kc, rs, cs, ldc, chunk);
           for (std::size_t q = 0; q < tables.size(); ++q) {
             // a sum of NaNs of both signs may keep either (the FMA's operand order picks it)
             if (std::isnan(tables[q]) && std::isnan(arithmetic[q])) continue;
             ASSERT_EQ(std::memcmp(&tables[q], &arithmetic[q], sizeof(float)), 0)
                 << name(dtype) << " runs=" << runs << " rows=" << rows << " n=[" << n0 << "," << n1
-                << ") k0=" << k0 << " kc=" << kc << " at " << q << ": " << tables[q] << " vs "
-                << arithmetic[q];
+                << ") k0=" << k0 << " kc=" << kc << " chunk=" << chunk << " at " << q << ": "
+                << tables[q] << " vs " << arithmetic[q];
           }
           ++checked;
         }
       }
     }
   }
-  EXPECT_EQ(checked, 2 * 2 * 4 * 4);
+  EXPECT_EQ(checked, 2 * 2 * 4 * 5);
 }
 #endif
 

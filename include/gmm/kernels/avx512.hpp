@@ -836,13 +836,11 @@ template <int kStepMultiple>
 void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
                        std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out);
 inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                              std::int64_t k0, std::int64_t kc, const void* a,
-                              std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
-                              const float* row_scales, const float* col_scales, bool first);
+                              const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                              std::int64_t ldc, bool first);
 inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                               std::int64_t k0, std::int64_t kc, const void* a,
-                               std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
-                               const float* row_scales, const float* col_scales, bool first);
+                               const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                               std::int64_t ldc, bool first);
 inline int stream_rows_avx512_bf16(const PanelSource& b);
 inline std::int64_t strip_scratch_bytes();
 

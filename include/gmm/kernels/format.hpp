@@ -71,15 +71,26 @@ using OutputKernelFn = void (*)(std::int64_t steps, const void* a, const void* b
                                 std::int64_t out_row_stride, DType dtype, const float* row_scales,
                                 const float* col_scales, int rows);
 
-// Computes rows x [n0, n1) of C (rows <= KernelKit::stream_rows(b)) over contraction indices
-// [k0, k0 + kc) straight from an unpacked B source (lanes = columns of C; not quantized in the
-// kernel): B's values are widened on the fly, A is one packed A panel of the kit's format whose
-// row i starts a_stride elements after row i - 1. The epilogue is the micro-kernel's:
-// c[i * ldc + j - n0] (= when first, else +=) acc[i][j] * row_scales[i] * col_scales[j - n0].
-using StreamFn = void (*)(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-                          std::int64_t kc, const void* a, std::int64_t a_stride, int rows, float* c,
-                          std::int64_t ldc, const float* row_scales, const float* col_scales,
-                          bool first);
+// One contraction chunk of a streaming call: indices [k0, k0 + kc), all within one scale segment,
+// A's packed panel for them (row i at a + i * a_stride elements; a lane-major A panel of the kit's
+// format) and the chunk's scales (row_scales[i], col_scales[j - n0]).
+struct StreamChunk {
+  std::int64_t k0 = 0, kc = 0;
+  const void* a = nullptr;
+  std::int64_t a_stride = 0;
+  const float* row_scales = nullptr;
+  const float* col_scales = nullptr;
+};
+
+// Computes rows x [n0, n1) of C (rows <= KernelKit::stream_rows(b)) over the contraction chunks
+// chunks[0 .. count) (count >= 1) straight from an unpacked B source (lanes = columns of C; not
+// quantized in the kernel): B's values are widened on the fly. The epilogue is the micro-kernel's,
+// summed over the chunks: c[i * ldc + j - n0] (= when first, else +=) the sum over chunks s of
+// acc_s[i][j] * row_scales_s[i] * col_scales_s[j - n0]. Taking all of a task's chunks at once lets
+// a kernel read each column's contraction run of B in one pass across its scale segments.
+using StreamFn = void (*)(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                          const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                          std::int64_t ldc, bool first);
 
 // KernelKit::stream_rows of the kits whose streaming kernels take up to 4 rows of any B.
 inline int four_stream_rows(const PanelSource&) { return 4; }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -110,25 +111,30 @@ void kernel_scalar_f32(std::int64_t steps, const void* a_packed, const void* b_p
   }
 }
 
-// KernelKit::stream of the fp32 kits: each element of C summed over the contraction in order,
-// one index at a time, as the scalar micro-kernel does (B widened exactly by load_as_float).
+// KernelKit::stream of the fp32 kits: each element of C summed over each chunk's contraction in
+// order, one index at a time, as the scalar micro-kernel does (B widened exactly by
+// load_as_float), then stored chunk after chunk by the micro-kernel's epilogue.
 inline void stream_reference(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                             std::int64_t k0, std::int64_t kc, const void* a_packed,
-                             std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
-                             const float* row_scales, const float* col_scales, bool first) {
-  const float* a = static_cast<const float*>(a_packed);
+                             const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                             std::int64_t ldc, bool first) {
   const std::int64_t cols = n1 - n0;
-  std::vector<float> acc(static_cast<std::size_t>(rows * cols), 0.0f);
-  for (std::int64_t k = 0; k < kc; ++k) {
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const float value =
-          load_as_float(b.data, b.dtype, (n0 + j) * b.lane_stride + (k0 + k) * b.k_stride);
-      for (int i = 0; i < rows; ++i) acc[i * cols + j] += a[i * a_stride + k] * value;
+  std::vector<float> acc(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t s = 0; s < count; ++s) {
+    const StreamChunk& chunk = chunks[s];
+    const float* a = static_cast<const float*>(chunk.a);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::int64_t k = 0; k < chunk.kc; ++k) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const float value =
+            load_as_float(b.data, b.dtype, (n0 + j) * b.lane_stride + (chunk.k0 + k) * b.k_stride);
+        for (int i = 0; i < rows; ++i) acc[i * cols + j] += a[i * chunk.a_stride + k] * value;
+      }
     }
-  }
-  for (int i = 0; i < rows; ++i) {
-    for (std::int64_t j = 0; j < cols; ++j) {
-      store_tile_element(c + i * ldc + j, acc[i * cols + j], row_scales[i], col_scales[j], first);
+    for (int i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        store_tile_element(c + i * ldc + j, acc[i * cols + j], chunk.row_scales[i],
+                           chunk.col_scales[j], first && s == 0);
+      }
     }
   }
 }

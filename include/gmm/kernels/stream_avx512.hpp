@@ -151,6 +151,39 @@ GMM_TARGET_AVX512 inline void stream_store_sums(float* c, std::int64_t ldc,
   }
 }
 
+// The epilogue of a runs kernel after chunk s of `count` (see StreamFn): a single chunk's sums
+// are stored by stream_store_sums; with several (B's scale segments), each chunk's sums are scaled
+// into `totals` in registers, so that each column's run is read in one pass across the segments
+// (the chunks of one call, not a call per chunk: three times as fast on Ice Lake's fp8-block
+// decode dlhs), and the totals are added up and stored after the last chunk.
+template <int kRows, int kCols>
+GMM_TARGET_AVX512 inline void stream_finish_chunk(float* c, std::int64_t ldc,
+                                                  __m512 (&totals)[kRows][kCols],
+                                                  const __m512 (&acc)[kRows][kCols],
+                                                  const StreamChunk& chunk, std::int64_t s,
+                                                  std::int64_t count, std::int64_t col0,
+                                                  std::int64_t cols, bool first) {
+  const float* col_scales = chunk.col_scales + col0;
+  if (count == 1) {
+    return stream_store_sums<kRows, kCols>(c, ldc, acc, chunk.row_scales, col_scales, cols, first);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) {
+      const float scale = j < cols ? chunk.row_scales[i] * col_scales[j] : 0.0f;
+      totals[i][j] = _mm512_fmadd_ps(acc[i][j], _mm512_set1_ps(scale), totals[i][j]);
+    }
+  }
+  if (s + 1 < count) return;
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kCols && j < cols; ++j) {
+      const float sum = _mm512_reduce_add_ps(totals[i][j]);
+      c[i * ldc + j] = first ? sum : c[i * ldc + j] + sum;
+    }
+  }
+}
+
 // ---- vdpbf16ps kernels (the AVX512_BF16 kit) -------------------------------------------------
 
 // Lanes-contiguous B (see kStreamBand): blocks of 16 * kNv columns, one vector of bf16 pairs per
@@ -504,45 +537,53 @@ GMM_TARGET_AVX512VBMI void stream_bf16_strips(const PanelSource& b, std::int64_t
 // as two vectors of pairs, any dtype.
 template <DType kDtype, int kRows, int kCols>
 GMM_TARGET_AVX512BF16 void stream_bf16_runs(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                                            std::int64_t k0, std::int64_t kc,
-                                            const std::uint16_t* a, std::int64_t a_stride, float* c,
-                                            std::int64_t ldc, const float* row_scales,
-                                            const float* col_scales, bool first) {
+                                            const StreamChunk* chunks, std::int64_t count, float* c,
+                                            std::int64_t ldc, bool first) {
   const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
-    __m512 acc[kRows][kCols];
+    __m512 totals[kRows][kCols];
 #pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
     }
-    for (std::int64_t k = 0; k < kc; k += 64) {
-      __m512i av[kRows][2];
+    for (std::int64_t s = 0; s < count; ++s) {
+      const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
+      const auto* a = static_cast<const std::uint16_t*>(chunks[s].a);
+      __m512 acc[kRows][kCols];
 #pragma GCC unroll 4
       for (int i = 0; i < kRows; ++i) {
-        for (int h = 0; h < 2; ++h) {
-          av[i][h] =
-              _mm512_maskz_loadu_epi16(first_words(kc - k - 32 * h), a + i * a_stride + k + 32 * h);
-        }
-      }
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) {
-        if (j >= cols) break;
-        const std::int64_t index = (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
-        _mm_prefetch(static_cast<const char*>(b.data) + (index + 256) * element, _MM_HINT_T1);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          const __m512i bv = run_pairs<kDtype>(b.data, index + 32 * h, kc - k - 32 * h);
+        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      }
+      for (std::int64_t k = 0; k < kc; k += 64) {
+        __m512i av[kRows][2];
 #pragma GCC unroll 4
-          for (int i = 0; i < kRows; ++i) {
-            acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av[i][h], (__m512bh)bv);
+        for (int i = 0; i < kRows; ++i) {
+          for (int h = 0; h < 2; ++h) {
+            av[i][h] = _mm512_maskz_loadu_epi16(first_words(kc - k - 32 * h),
+                                                a + i * a_stride + k + 32 * h);
+          }
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < kCols; ++j) {
+          if (j >= cols) break;
+          const std::int64_t index = (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
+          _mm_prefetch(static_cast<const char*>(b.data) + (index + 256) * element, _MM_HINT_T1);
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {
+            const __m512i bv = run_pairs<kDtype>(b.data, index + 32 * h, kc - k - 32 * h);
+#pragma GCC unroll 4
+            for (int i = 0; i < kRows; ++i) {
+              acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av[i][h], (__m512bh)bv);
+            }
           }
         }
       }
+      stream_finish_chunk<kRows, kCols>(c + (n - n0), ldc, totals, acc, chunks[s], s, count, n - n0,
+                                        cols, first);
     }
-    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
-                                    first);
   }
 }
 
@@ -550,54 +591,63 @@ GMM_TARGET_AVX512BF16 void stream_bf16_runs(const PanelSource& b, std::int64_t n
 // indices widened at a time by widen_fp8_runs.
 template <DType kFp8, int kRows, int kCols>
 GMM_TARGET_AVX512VBMI void stream_bf16_runs_fp8(const PanelSource& b, std::int64_t n0,
-                                                std::int64_t n1, std::int64_t k0, std::int64_t kc,
-                                                const std::uint16_t* a, std::int64_t a_stride,
-                                                float* c, std::int64_t ldc, const float* row_scales,
-                                                const float* col_scales, bool first) {
+                                                std::int64_t n1, const StreamChunk* chunks,
+                                                std::int64_t count, float* c, std::int64_t ldc,
+                                                bool first) {
   const Fp8Widener widener = fp8_widener<kFp8>();
   const auto* data = static_cast<const std::uint8_t*>(b.data);
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
-    __m512 acc[kRows][kCols];
+    __m512 totals[kRows][kCols];
 #pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
     }
-    for (std::int64_t k = 0; k < kc; k += 64) {
-      const __mmask64 mask = first_bytes(kc - k);
-      __m512i av[kRows][2];
+    for (std::int64_t s = 0; s < count; ++s) {
+      const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
+      const auto* a = static_cast<const std::uint16_t*>(chunks[s].a);
+      __m512 acc[kRows][kCols];
 #pragma GCC unroll 4
       for (int i = 0; i < kRows; ++i) {
-        for (int h = 0; h < 2; ++h) {
-          av[i][h] =
-              _mm512_maskz_loadu_epi16(first_words(kc - k - 32 * h), a + i * a_stride + k + 32 * h);
-        }
+#pragma GCC unroll 8
+        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
       }
-#pragma GCC unroll 4
-      for (int j = 0; j < kCols; j += 2) {
-        if (j >= cols) break;
-        const std::uint8_t* x = data + (n + j) * b.lane_stride + k0 + k;
-        _mm_prefetch(reinterpret_cast<const char*>(x + 256), _MM_HINT_T1);
-        if (j + 1 < cols)
-          _mm_prefetch(reinterpret_cast<const char*>(x + b.lane_stride + 256), _MM_HINT_T1);
-        __m512i bv[4];  // column j's then j + 1's pairs of k .. k + 31, then of k + 32 .. k + 63
-        widen_fp8_runs(_mm512_maskz_loadu_epi8(mask, x),
-                       _mm512_maskz_loadu_epi8(j + 1 < cols ? mask : 0, x + b.lane_stride), widener,
-                       bv);
+      for (std::int64_t k = 0; k < kc; k += 64) {
+        const __mmask64 mask = first_bytes(kc - k);
+        __m512i av[kRows][2];
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 2
           for (int h = 0; h < 2; ++h) {
-            acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av[i][h], (__m512bh)bv[2 * h]);
-            acc[i][j + 1] =
-                _mm512_dpbf16_ps(acc[i][j + 1], (__m512bh)av[i][h], (__m512bh)bv[2 * h + 1]);
+            av[i][h] = _mm512_maskz_loadu_epi16(first_words(kc - k - 32 * h),
+                                                a + i * a_stride + k + 32 * h);
+          }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < kCols; j += 2) {
+          if (j >= cols) break;
+          const std::uint8_t* x = data + (n + j) * b.lane_stride + k0 + k;
+          _mm_prefetch(reinterpret_cast<const char*>(x + 256), _MM_HINT_T1);
+          if (j + 1 < cols)
+            _mm_prefetch(reinterpret_cast<const char*>(x + b.lane_stride + 256), _MM_HINT_T1);
+          __m512i bv[4];  // column j's then j + 1's pairs of k .. k + 31, then of k + 32 .. k + 63
+          widen_fp8_runs(_mm512_maskz_loadu_epi8(mask, x),
+                         _mm512_maskz_loadu_epi8(j + 1 < cols ? mask : 0, x + b.lane_stride),
+                         widener, bv);
+#pragma GCC unroll 4
+          for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+              acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av[i][h], (__m512bh)bv[2 * h]);
+              acc[i][j + 1] =
+                  _mm512_dpbf16_ps(acc[i][j + 1], (__m512bh)av[i][h], (__m512bh)bv[2 * h + 1]);
+            }
           }
         }
       }
+      stream_finish_chunk<kRows, kCols>(c + (n - n0), ldc, totals, acc, chunks[s], s, count, n - n0,
+                                        cols, first);
     }
-    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
-                                    first);
   }
 }
 
@@ -736,39 +786,47 @@ GMM_TARGET_VBMI_WIDEN void stream_f32_lanes_fp8(const PanelSource& b, std::int64
 // as four vectors, widened exactly from any dtype.
 template <DType kDtype, int kRows, int kCols>
 GMM_TARGET_AVX512 void stream_f32_runs(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                                       std::int64_t k0, std::int64_t kc, const float* a,
-                                       std::int64_t a_stride, float* c, std::int64_t ldc,
-                                       const float* row_scales, const float* col_scales,
-                                       bool first) {
+                                       const StreamChunk* chunks, std::int64_t count, float* c,
+                                       std::int64_t ldc, bool first) {
   const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
-    __m512 acc[kRows][kCols];
+    __m512 totals[kRows][kCols];
 #pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
     }
-    for (std::int64_t k = 0; k < kc; k += 64) {
+    for (std::int64_t s = 0; s < count; ++s) {
+      const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
+      const auto* a = static_cast<const float*>(chunks[s].a);
+      __m512 acc[kRows][kCols];
+#pragma GCC unroll 4
+      for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) {
-        if (j >= cols) break;
-        const std::int64_t index = (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
-        _mm_prefetch(static_cast<const char*>(b.data) + (index + 256) * element, _MM_HINT_T1);
+        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      }
+      for (std::int64_t k = 0; k < kc; k += 64) {
+#pragma GCC unroll 8
+        for (int j = 0; j < kCols; ++j) {
+          if (j >= cols) break;
+          const std::int64_t index = (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
+          _mm_prefetch(static_cast<const char*>(b.data) + (index + 256) * element, _MM_HINT_T1);
 #pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q) {
-          const __mmask16 mask = first_lanes(kc - k - 16 * q);
-          const __m512 bv = load16<kDtype>(b.data, index + 16 * q, mask);
+          for (int q = 0; q < 4; ++q) {
+            const __mmask16 mask = first_lanes(kc - k - 16 * q);
+            const __m512 bv = load16<kDtype>(b.data, index + 16 * q, mask);
 #pragma GCC unroll 4
-          for (int i = 0; i < kRows; ++i) {
-            const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
-            acc[i][j] = _mm512_fmadd_ps(av, bv, acc[i][j]);
+            for (int i = 0; i < kRows; ++i) {
+              const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
+              acc[i][j] = _mm512_fmadd_ps(av, bv, acc[i][j]);
+            }
           }
         }
       }
+      stream_finish_chunk<kRows, kCols>(c + (n - n0), ldc, totals, acc, chunks[s], s, count, n - n0,
+                                        cols, first);
     }
-    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
-                                    first);
   }
 }
 
@@ -794,10 +852,9 @@ struct Fp8RunOrder {
 // widening by fp8_to_f32 held the fp8 decode dlhs to 10 GB/s of weights (2 threads).
 template <DType kFp8, int kRows, int kCols>
 GMM_TARGET_VBMI_WIDEN void stream_f32_runs_fp8(const PanelSource& b, std::int64_t n0,
-                                               std::int64_t n1, std::int64_t k0, std::int64_t kc,
-                                               const float* a, std::int64_t a_stride, float* c,
-                                               std::int64_t ldc, const float* row_scales,
-                                               const float* col_scales, bool first) {
+                                               std::int64_t n1, const StreamChunk* chunks,
+                                               std::int64_t count, float* c, std::int64_t ldc,
+                                               bool first) {
   static const Fp8RunOrder run_order;
   const Fp8Widener widener = fp8_widener<kFp8>();
   const __m512i order = _mm512_load_si512(run_order.index);
@@ -805,39 +862,49 @@ GMM_TARGET_VBMI_WIDEN void stream_f32_runs_fp8(const PanelSource& b, std::int64_
   const auto* data = static_cast<const std::uint8_t*>(b.data);
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
-    __m512 acc[kRows][kCols];
+    __m512 totals[kRows][kCols];
 #pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
     }
-    for (std::int64_t k = 0; k < kc; k += 64) {
+    for (std::int64_t s = 0; s < count; ++s) {
+      const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
+      const auto* a = static_cast<const float*>(chunks[s].a);
+      __m512 acc[kRows][kCols];
+#pragma GCC unroll 4
+      for (int i = 0; i < kRows; ++i) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) {
-        if (j >= cols) break;
-        const std::uint8_t* run = data + (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
-        _mm_prefetch(reinterpret_cast<const char*>(run + 256), _MM_HINT_T1);
-        __m512i words[2];
-        lookup_bf16(
-            _mm512_permutexvar_epi8(order, _mm512_maskz_loadu_epi8(first_bytes(kc - k), run)),
-            widener, words[0], words[1]);
-        const __m512 bv[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[0])),
-                              _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[0])),
-                              _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[1])),
-                              _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[1]))};
+        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
+      }
+      for (std::int64_t k = 0; k < kc; k += 64) {
+#pragma GCC unroll 8
+        for (int j = 0; j < kCols; ++j) {
+          if (j >= cols) break;
+          const std::uint8_t* run = data + (n + j) * b.lane_stride + (k0 + k) * b.k_stride;
+          _mm_prefetch(reinterpret_cast<const char*>(run + 256), _MM_HINT_T1);
+          __m512i words[2];
+          lookup_bf16(
+              _mm512_permutexvar_epi8(order, _mm512_maskz_loadu_epi8(first_bytes(kc - k), run)),
+              widener, words[0], words[1]);
+          const __m512 bv[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[0])),
+                                _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[0])),
+                                _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, words[1])),
+                                _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, words[1]))};
 #pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q) {
-          const __mmask16 mask = first_lanes(kc - k - 16 * q);
+          for (int q = 0; q < 4; ++q) {
+            const __mmask16 mask = first_lanes(kc - k - 16 * q);
 #pragma GCC unroll 4
-          for (int i = 0; i < kRows; ++i) {
-            const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
-            acc[i][j] = _mm512_fmadd_ps(av, bv[q], acc[i][j]);
+            for (int i = 0; i < kRows; ++i) {
+              const __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_stride + k + 16 * q);
+              acc[i][j] = _mm512_fmadd_ps(av, bv[q], acc[i][j]);
+            }
           }
         }
       }
+      stream_finish_chunk<kRows, kCols>(c + (n - n0), ldc, totals, acc, chunks[s], s, count, n - n0,
+                                        cols, first);
     }
-    stream_store_sums<kRows, kCols>(c + (n - n0), ldc, acc, row_scales, col_scales + (n - n0), cols,
-                                    first);
   }
 }
 
@@ -846,18 +913,17 @@ GMM_TARGET_VBMI_WIDEN void stream_f32_runs_fp8(const PanelSource& b, std::int64_
 // Picks the kernel of a row count: kRows = 1 .. 4.
 template <template <int> class kKernel>
 inline void stream_rows_dispatch(int rows, const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                                 std::int64_t k0, std::int64_t kc, const void* a,
-                                 std::int64_t a_stride, float* c, std::int64_t ldc,
-                                 const float* row_scales, const float* col_scales, bool first) {
+                                 const StreamChunk* chunks, std::int64_t count, float* c,
+                                 std::int64_t ldc, bool first) {
   switch (rows) {
     case 1:
-      return kKernel<1>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+      return kKernel<1>::run(b, n0, n1, chunks, count, c, ldc, first);
     case 2:
-      return kKernel<2>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+      return kKernel<2>::run(b, n0, n1, chunks, count, c, ldc, first);
     case 3:
-      return kKernel<3>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+      return kKernel<3>::run(b, n0, n1, chunks, count, c, ldc, first);
     default:
-      return kKernel<4>::run(b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first);
+      return kKernel<4>::run(b, n0, n1, chunks, count, c, ldc, first);
   }
 }
 
@@ -876,29 +942,33 @@ inline int stream_rows_avx512_bf16(const PanelSource& b) { return strips_take(b)
 constexpr int stream_lane_vectors(int rows) { return rows <= 2 ? 8 : 4; }
 constexpr int stream_run_columns(int rows) { return rows == 1 ? 8 : 4; }
 
-// The row-count templates of each kernel family, with its B dtype and layout fixed.
+// The row-count templates of each kernel family, with its B dtype and layout fixed. The runs
+// kernels take all the chunks at once (stream_finish_chunk); the lanes kernels, which sum each
+// column as the packed micro-kernel does, one chunk after the other.
 template <DType kDtype, bool kRuns, bool kFp8Tables>
 struct StreamBf16 {
   template <int kRows>
   struct Kernel {
-    static void run(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-                    std::int64_t kc, const void* a, std::int64_t a_stride, float* c,
-                    std::int64_t ldc, const float* row_scales, const float* col_scales,
+    static void run(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                    const StreamChunk* chunks, std::int64_t count, float* c, std::int64_t ldc,
                     bool first) {
-      const auto* pairs = static_cast<const std::uint16_t*>(a);
       constexpr int kNv = stream_lane_vectors(kRows), kCols = stream_run_columns(kRows);
       if constexpr (kRuns && kFp8Tables) {
-        stream_bf16_runs_fp8<kDtype, kRows, kCols>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
-                                                   row_scales, col_scales, first);
+        return stream_bf16_runs_fp8<kDtype, kRows, kCols>(b, n0, n1, chunks, count, c, ldc, first);
       } else if constexpr (kRuns) {
-        stream_bf16_runs<kDtype, kRows, kCols>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
-                                               row_scales, col_scales, first);
-      } else if constexpr (kFp8Tables) {
-        stream_bf16_lanes_fp8<kDtype, kRows, kNv>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
-                                                  row_scales, col_scales, first);
-      } else {
-        stream_bf16_lanes<kDtype, kRows, kNv>(b, n0, n1, k0, kc, pairs, a_stride, c, ldc,
-                                              row_scales, col_scales, first);
+        return stream_bf16_runs<kDtype, kRows, kCols>(b, n0, n1, chunks, count, c, ldc, first);
+      }
+      for (std::int64_t s = 0; s < count; ++s) {
+        const StreamChunk& k = chunks[s];
+        const auto* pairs = static_cast<const std::uint16_t*>(k.a);
+        if constexpr (kFp8Tables) {
+          stream_bf16_lanes_fp8<kDtype, kRows, kNv>(b, n0, n1, k.k0, k.kc, pairs, k.a_stride, c,
+                                                    ldc, k.row_scales, k.col_scales,
+                                                    first && s == 0);
+        } else {
+          stream_bf16_lanes<kDtype, kRows, kNv>(b, n0, n1, k.k0, k.kc, pairs, k.a_stride, c, ldc,
+                                                k.row_scales, k.col_scales, first && s == 0);
+        }
       }
     }
   };
@@ -908,23 +978,26 @@ template <DType kDtype, bool kRuns, bool kFp8Tables = false>
 struct StreamF32 {
   template <int kRows>
   struct Kernel {
-    static void run(const PanelSource& b, std::int64_t n0, std::int64_t n1, std::int64_t k0,
-                    std::int64_t kc, const void* a, std::int64_t a_stride, float* c,
-                    std::int64_t ldc, const float* row_scales, const float* col_scales,
+    static void run(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                    const StreamChunk* chunks, std::int64_t count, float* c, std::int64_t ldc,
                     bool first) {
-      const auto* values = static_cast<const float*>(a);
+      constexpr int kNv = stream_lane_vectors(kRows), kCols = stream_run_columns(kRows);
       if constexpr (kRuns && kFp8Tables) {
-        stream_f32_runs_fp8<kDtype, kRows, stream_run_columns(kRows)>(
-            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
-      } else if constexpr (kFp8Tables) {
-        stream_f32_lanes_fp8<kDtype, kRows, stream_lane_vectors(kRows)>(
-            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
+        return stream_f32_runs_fp8<kDtype, kRows, kCols>(b, n0, n1, chunks, count, c, ldc, first);
       } else if constexpr (kRuns) {
-        stream_f32_runs<kDtype, kRows, stream_run_columns(kRows)>(
-            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
-      } else {
-        stream_f32_lanes<kDtype, kRows, stream_lane_vectors(kRows)>(
-            b, n0, n1, k0, kc, values, a_stride, c, ldc, row_scales, col_scales, first);
+        return stream_f32_runs<kDtype, kRows, kCols>(b, n0, n1, chunks, count, c, ldc, first);
+      }
+      for (std::int64_t s = 0; s < count; ++s) {
+        const StreamChunk& k = chunks[s];
+        const auto* values = static_cast<const float*>(k.a);
+        if constexpr (kFp8Tables) {
+          stream_f32_lanes_fp8<kDtype, kRows, kNv>(b, n0, n1, k.k0, k.kc, values, k.a_stride, c,
+                                                   ldc, k.row_scales, k.col_scales,
+                                                   first && s == 0);
+        } else {
+          stream_f32_lanes<kDtype, kRows, kNv>(b, n0, n1, k.k0, k.kc, values, k.a_stride, c, ldc,
+                                               k.row_scales, k.col_scales, first && s == 0);
+        }
       }
     }
   };
@@ -934,21 +1007,24 @@ struct StreamF32 {
 // fp8 with contiguous columns or runs widens through the vpermi2b tables where the CPU has
 // AVX512_VBMI; more than 4 rows (stream_rows_avx512_bf16) take the strip kernel.
 inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                               std::int64_t k0, std::int64_t kc, const void* a,
-                               std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
-                               const float* row_scales, const float* col_scales, bool first) {
+                               const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                               std::int64_t ldc, bool first) {
   if (rows >= kStripMinBlock) {  // stream_rows_avx512_bf16: strips_take(b)
-    const auto* pairs = static_cast<const std::uint16_t*>(a);
     const auto strips = b.dtype == DType::float8_e4m3fn ? stream_bf16_strips<DType::float8_e4m3fn>
                         : b.dtype == DType::float8_e5m2 ? stream_bf16_strips<DType::float8_e5m2>
                                                         : stream_bf16_strips<DType::bf16>;
-    return strips(b, n0, n1, k0, kc, pairs, a_stride, rows, c, ldc, row_scales, col_scales, first);
+    for (std::int64_t s = 0; s < count; ++s) {
+      const StreamChunk& k = chunks[s];
+      strips(b, n0, n1, k.k0, k.kc, static_cast<const std::uint16_t*>(k.a), k.a_stride, rows, c,
+             ldc, k.row_scales, k.col_scales, first && s == 0);
+    }
+    return;
   }
   const bool runs = b.k_stride == 1;
   const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
 #define GMM_STREAM(D, RUNS, TABLES)                                          \
   return stream_rows_dispatch<StreamBf16<D, RUNS, TABLES>::template Kernel>( \
-      rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
+      rows, b, n0, n1, chunks, count, c, ldc, first)
 #define GMM_STREAM_LAYOUTS(D, TABLES)    \
   if (runs) GMM_STREAM(D, true, TABLES); \
   GMM_STREAM(D, false, TABLES)
@@ -973,14 +1049,13 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
 // KernelKit::stream of the AVX-512F kit: B's dtype and layout pick the kernel; fp8 with
 // contiguous columns or runs widens through the vpermi2b tables where the CPU has AVX512_VBMI.
 inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                              std::int64_t k0, std::int64_t kc, const void* a,
-                              std::int64_t a_stride, int rows, float* c, std::int64_t ldc,
-                              const float* row_scales, const float* col_scales, bool first) {
+                              const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                              std::int64_t ldc, bool first) {
   const bool runs = b.k_stride == 1;
   const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
 #define GMM_STREAM(D, RUNS, TABLES)                                         \
   return stream_rows_dispatch<StreamF32<D, RUNS, TABLES>::template Kernel>( \
-      rows, b, n0, n1, k0, kc, a, a_stride, c, ldc, row_scales, col_scales, first)
+      rows, b, n0, n1, chunks, count, c, ldc, first)
 #define GMM_STREAM_LAYOUTS(D)           \
   if (runs) GMM_STREAM(D, true, false); \
   GMM_STREAM(D, false, false)

@@ -100,13 +100,15 @@ using LineAlignedVector = std::vector<T, CacheLineAllocator<T>>;
 struct Workspace {
   LineAlignedVector<unsigned char> a_packed, b_packed;
   LineAlignedVector<float> c, a_scales, b_scales;
-  std::vector<std::int64_t> chunks;  // contraction chunk starts, then the end
+  std::vector<std::int64_t> chunks;            // contraction chunk starts, then the end
+  std::vector<kernels::StreamChunk> streamed;  // the chunks of a streamed task
 
   std::int64_t bytes() const {
     return static_cast<std::int64_t>(
         a_packed.capacity() + b_packed.capacity() +
         sizeof(float) * (c.capacity() + a_scales.capacity() + b_scales.capacity()) +
-        sizeof(std::int64_t) * chunks.capacity());
+        sizeof(std::int64_t) * chunks.capacity() +
+        sizeof(kernels::StreamChunk) * streamed.capacity());
   }
 };
 
@@ -268,9 +270,10 @@ inline std::int64_t fill_chunks(const Product& p, const Job& job, std::int64_t m
 
 // Computes one task of a few rows on the kit's streaming kernel: the task's A rows are packed
 // once over the whole contraction (one panel of exactly `rows` lanes per chunk, quantized in the
-// kernel where asked), then per chunk the kernel reads B's columns [n0, n1) unpacked; finally
-// the fp32 tile is stored. B with contiguous columns is chunked as the packed path chunks it (so
-// the sums are bit-identical to it); B with contiguous contraction runs only at scale segments.
+// kernel where asked), then the kernel reads B's columns [n0, n1) unpacked over all the chunks
+// in one call; finally the fp32 tile is stored. B with contiguous columns is chunked as the packed
+// path chunks it (so the sums are bit-identical to it); B with contiguous contraction runs only at
+// scale segments.
 inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -279,26 +282,35 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const std::int64_t chunk_count =
       fill_chunks(p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, rows), ws);
 
-  ws.a_scales.resize(static_cast<std::size_t>(std::max<std::int64_t>(1, chunk_count) * rows));
+  ws.a_scales.resize(static_cast<std::size_t>(chunk_count * rows));
+  ws.b_scales.resize(static_cast<std::size_t>(chunk_count * cols));
   std::size_t a_bytes = 0;
   for (std::int64_t c = 0; c < chunk_count; ++c) {
     a_bytes += f.panel_bytes(static_cast<int>(rows), ws.chunks[c + 1] - ws.chunks[c]);
   }
   ws.a_packed.resize(a_bytes);
-  ws.b_scales.resize(static_cast<std::size_t>(cols));
   ws.c.assign(static_cast<std::size_t>(rows * cols), 0.0f);
+  ws.streamed.resize(static_cast<std::size_t>(chunk_count));
   std::size_t a_offset = 0;
   for (std::int64_t c = 0; c < chunk_count; ++c) {
-    const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
+    kernels::StreamChunk& chunk = ws.streamed[c];
+    chunk.k0 = ws.chunks[c];
+    chunk.kc = ws.chunks[c + 1] - chunk.k0;
+    chunk.a = ws.a_packed.data() + a_offset;
+    chunk.a_stride = f.steps(chunk.kc) * f.depth;
     float* a_scales = ws.a_scales.data() + c * rows;
-    chunk_scales(job.a, table(p, job.a_table), t.a0, rows, rows, k, a_scales);
-    p.kit.pack_a(job.a.source, static_cast<int>(rows), t.a0, rows, k, kc, a_scales,
+    float* b_scales = ws.b_scales.data() + c * cols;
+    chunk_scales(job.a, table(p, job.a_table), t.a0, rows, rows, chunk.k0, a_scales);
+    p.kit.pack_a(job.a.source, static_cast<int>(rows), t.a0, rows, chunk.k0, chunk.kc, a_scales,
                  ws.a_packed.data() + a_offset);
-    chunk_scales(job.b, table(p, job.b_table), t.n0, cols, cols, k, ws.b_scales.data());
-    p.kit.stream(job.b.source, t.n0, t.n1, k, kc, ws.a_packed.data() + a_offset,
-                 f.steps(kc) * f.depth, static_cast<int>(rows), ws.c.data(), cols, a_scales,
-                 ws.b_scales.data(), c == 0);
-    a_offset += f.panel_bytes(static_cast<int>(rows), kc);
+    chunk_scales(job.b, table(p, job.b_table), t.n0, cols, cols, chunk.k0, b_scales);
+    chunk.row_scales = a_scales;
+    chunk.col_scales = b_scales;
+    a_offset += f.panel_bytes(static_cast<int>(rows), chunk.kc);
+  }
+  if (chunk_count > 0) {
+    p.kit.stream(job.b.source, t.n0, t.n1, ws.streamed.data(), chunk_count, static_cast<int>(rows),
+                 ws.c.data(), cols, true);
   }
   write_rows(p, job, t.a0, t.a1, t.n0, cols, ws.c.data(), cols);
   if (p.bypass_cache) p.kit.store_fence();
