@@ -270,10 +270,12 @@ inline std::int64_t fill_chunks(const Product& p, const Job& job, std::int64_t m
 
 // Computes one task of a few rows on the kit's streaming kernel: the task's A rows are packed
 // once over the whole contraction (one panel of exactly `rows` lanes per chunk, quantized in the
-// kernel where asked), then the kernel reads B's columns [n0, n1) unpacked over all the chunks
-// in one call; finally the fp32 tile is stored. B with contiguous columns is chunked as the packed
-// path chunks it (so the sums are bit-identical to it); B with contiguous contraction runs only at
-// scale segments.
+// kernel where asked) while the kernel reads B's columns [n0, n1) unpacked; finally the fp32 tile
+// is stored. B with contiguous columns is chunked as the packed path chunks it (so the sums are
+// bit-identical to it), one kernel call per chunk (each chunk's column scales written over the
+// last's: a decode forward has dozens of chunks of thousands of columns); B with contiguous
+// contraction runs only at scale segments, all in one call (the runs kernels read each column's
+// run once across the segments).
 inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -281,25 +283,27 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const bool runs = job.b.source.k_stride == 1;
   const std::int64_t chunk_count =
       fill_chunks(p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, rows), ws);
+  const std::int64_t slots = runs ? chunk_count : 1;  // chunks per kernel call
 
   ws.a_scales.resize(static_cast<std::size_t>(chunk_count * rows));
-  ws.b_scales.resize(static_cast<std::size_t>(chunk_count * cols));
+  ws.b_scales.resize(static_cast<std::size_t>(slots * cols));
   std::size_t a_bytes = 0;
   for (std::int64_t c = 0; c < chunk_count; ++c) {
     a_bytes += f.panel_bytes(static_cast<int>(rows), ws.chunks[c + 1] - ws.chunks[c]);
   }
   ws.a_packed.resize(a_bytes);
   ws.c.assign(static_cast<std::size_t>(rows * cols), 0.0f);
-  ws.streamed.resize(static_cast<std::size_t>(chunk_count));
+  ws.streamed.resize(static_cast<std::size_t>(slots));
   std::size_t a_offset = 0;
   for (std::int64_t c = 0; c < chunk_count; ++c) {
-    kernels::StreamChunk& chunk = ws.streamed[c];
+    const std::int64_t slot = runs ? c : 0;
+    kernels::StreamChunk& chunk = ws.streamed[slot];
     chunk.k0 = ws.chunks[c];
     chunk.kc = ws.chunks[c + 1] - chunk.k0;
     chunk.a = ws.a_packed.data() + a_offset;
     chunk.a_stride = f.steps(chunk.kc) * f.depth;
     float* a_scales = ws.a_scales.data() + c * rows;
-    float* b_scales = ws.b_scales.data() + c * cols;
+    float* b_scales = ws.b_scales.data() + slot * cols;
     chunk_scales(job.a, table(p, job.a_table), t.a0, rows, rows, chunk.k0, a_scales);
     p.kit.pack_a(job.a.source, static_cast<int>(rows), t.a0, rows, chunk.k0, chunk.kc, a_scales,
                  ws.a_packed.data() + a_offset);
@@ -307,8 +311,12 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
     chunk.row_scales = a_scales;
     chunk.col_scales = b_scales;
     a_offset += f.panel_bytes(static_cast<int>(rows), chunk.kc);
+    if (!runs) {
+      p.kit.stream(job.b.source, t.n0, t.n1, &chunk, 1, static_cast<int>(rows), ws.c.data(), cols,
+                   c == 0);
+    }
   }
-  if (chunk_count > 0) {
+  if (runs && chunk_count > 0) {
     p.kit.stream(job.b.source, t.n0, t.n1, ws.streamed.data(), chunk_count, static_cast<int>(rows),
                  ws.c.data(), cols, true);
   }
