@@ -151,6 +151,16 @@ GMM_TARGET_AVX512 inline void stream_store_sums(float* c, std::int64_t ldc,
   }
 }
 
+// Zeroes a block of accumulators.
+template <int kRows, int kCols>
+GMM_TARGET_AVX512 inline void zero_sums(__m512 (&sums)[kRows][kCols]) {
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) sums[i][j] = _mm512_setzero_ps();
+  }
+}
+
 // The epilogue of a runs kernel after chunk s of `count` (see StreamFn): a single chunk's sums
 // are stored by stream_store_sums; with several (B's scale segments), each chunk's sums are scaled
 // into `totals` in registers, so that each column's run is read in one pass across the segments
@@ -543,20 +553,12 @@ GMM_TARGET_AVX512BF16 void stream_bf16_runs(const PanelSource& b, std::int64_t n
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
     __m512 totals[kRows][kCols];
-#pragma GCC unroll 4
-    for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
-    }
+    zero_sums(totals);
     for (std::int64_t s = 0; s < count; ++s) {
       const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
       const auto* a = static_cast<const std::uint16_t*>(chunks[s].a);
       __m512 acc[kRows][kCols];
-#pragma GCC unroll 4
-      for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
-      }
+      zero_sums(acc);
       for (std::int64_t k = 0; k < kc; k += 64) {
         __m512i av[kRows][2];
 #pragma GCC unroll 4
@@ -599,20 +601,12 @@ GMM_TARGET_AVX512VBMI void stream_bf16_runs_fp8(const PanelSource& b, std::int64
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
     __m512 totals[kRows][kCols];
-#pragma GCC unroll 4
-    for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
-    }
+    zero_sums(totals);
     for (std::int64_t s = 0; s < count; ++s) {
       const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
       const auto* a = static_cast<const std::uint16_t*>(chunks[s].a);
       __m512 acc[kRows][kCols];
-#pragma GCC unroll 4
-      for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
-      }
+      zero_sums(acc);
       for (std::int64_t k = 0; k < kc; k += 64) {
         const __mmask64 mask = first_bytes(kc - k);
         __m512i av[kRows][2];
@@ -792,20 +786,12 @@ GMM_TARGET_AVX512 void stream_f32_runs(const PanelSource& b, std::int64_t n0, st
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
     __m512 totals[kRows][kCols];
-#pragma GCC unroll 4
-    for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
-    }
+    zero_sums(totals);
     for (std::int64_t s = 0; s < count; ++s) {
       const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
       const auto* a = static_cast<const float*>(chunks[s].a);
       __m512 acc[kRows][kCols];
-#pragma GCC unroll 4
-      for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
-      }
+      zero_sums(acc);
       for (std::int64_t k = 0; k < kc; k += 64) {
 #pragma GCC unroll 8
         for (int j = 0; j < kCols; ++j) {
@@ -863,20 +849,12 @@ GMM_TARGET_VBMI_WIDEN void stream_f32_runs_fp8(const PanelSource& b, std::int64_
   for (std::int64_t n = n0; n < n1; n += kCols) {
     const std::int64_t cols = std::min<std::int64_t>(kCols, n1 - n);
     __m512 totals[kRows][kCols];
-#pragma GCC unroll 4
-    for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) totals[i][j] = _mm512_setzero_ps();
-    }
+    zero_sums(totals);
     for (std::int64_t s = 0; s < count; ++s) {
       const std::int64_t k0 = chunks[s].k0, kc = chunks[s].kc, a_stride = chunks[s].a_stride;
       const auto* a = static_cast<const float*>(chunks[s].a);
       __m512 acc[kRows][kCols];
-#pragma GCC unroll 4
-      for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-        for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
-      }
+      zero_sums(acc);
       for (std::int64_t k = 0; k < kc; k += 64) {
 #pragma GCC unroll 8
         for (int j = 0; j < kCols; ++j) {
