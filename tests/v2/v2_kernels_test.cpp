@@ -520,28 +520,25 @@ std::vector<int> stream_row_counts(int most) {
 }
 
 #if GMM_KERNELS_X86
-// The fp8 streaming kernels of a kit family (StreamBf16 or StreamF32) with the arithmetic
-// widening (fp8_to_f32), as a StreamFn: what the kit runs on CPUs without AVX512_VBMI.
-template <template <DType, bool, bool> class kFamily, DType kFp8>
-void stream_fp8_arithmetic_typed(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                                 const kernels::StreamChunk* chunks, std::int64_t count, int rows,
-                                 float* c, std::int64_t ldc, bool first) {
-  if (b.k_stride == 1) {
-    return kernels::stream_rows_dispatch<kFamily<kFp8, true, false>::template Kernel>(
-        rows, b, n0, n1, chunks, count, c, ldc, first);
-  }
-  kernels::stream_rows_dispatch<kFamily<kFp8, false, false>::template Kernel>(
-      rows, b, n0, n1, chunks, count, c, ldc, first);
+// This CPU's features without AVX512_VBMI: the kits' streams then take what they run on CPUs
+// that lack it (fp8 widened by arithmetic, no strip kernel).
+kernels::CpuFeatures without_vbmi() {
+  kernels::CpuFeatures f = kernels::cpu_features();
+  f.avx512vbmi = false;
+  return f;
 }
 
-template <template <DType, bool, bool> class kFamily>
-void stream_fp8_arithmetic(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                           const kernels::StreamChunk* chunks, std::int64_t count, int rows,
-                           float* c, std::int64_t ldc, bool first) {
-  const auto run = b.dtype == DType::float8_e5m2
-                       ? stream_fp8_arithmetic_typed<kFamily, DType::float8_e5m2>
-                       : stream_fp8_arithmetic_typed<kFamily, DType::float8_e4m3fn>;
-  run(b, n0, n1, chunks, count, rows, c, ldc, first);
+// The AVX512_BF16 and AVX-512F kits' streams as on a CPU without AVX512_VBMI, as StreamFns.
+void stream_bf16_without_vbmi(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                              const kernels::StreamChunk* chunks, std::int64_t count, int rows,
+                              float* c, std::int64_t ldc, bool first) {
+  kernels::stream_avx512_bf16_on(without_vbmi(), b, n0, n1, chunks, count, rows, c, ldc, first);
+}
+
+void stream_f32_without_vbmi(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                             const kernels::StreamChunk* chunks, std::int64_t count, int rows,
+                             float* c, std::int64_t ldc, bool first) {
+  kernels::stream_avx512_f32_on(without_vbmi(), b, n0, n1, chunks, count, rows, c, ldc, first);
 }
 #endif
 
@@ -586,17 +583,19 @@ TEST(V2Kernels, StreamKernelsAreExactOnIntegers) {
     ASSERT_NE(kit.stream, nullptr) << name(kit.isa);
     std::vector<std::pair<std::string, kernels::StreamFn>> streams = {{"kit", kit.stream}};
 #if GMM_KERNELS_X86
-    // The fp8 kernels without vpermi2b (CPUs without AVX512_VBMI), called directly (the kit's
-    // own stream takes the table kernels where the CPU has AVX512_VBMI).
+    // The kit's stream as on a CPU without AVX512_VBMI (the kit's own takes the table kernels
+    // and the strip kernel where the CPU has it).
     if (kit.format.element == PackedElement::bf16) {
-      streams.push_back({"fp8 without tables", stream_fp8_arithmetic<kernels::StreamBf16>});
+      streams.push_back({"without VBMI", stream_bf16_without_vbmi});
     } else if (kit.isa == Isa::avx512f) {
-      streams.push_back({"fp8 without tables", stream_fp8_arithmetic<kernels::StreamF32>});
+      streams.push_back({"without VBMI", stream_f32_without_vbmi});
     }
 #endif
     for (const auto& [label, stream] : streams) {
       for (DType dtype : stream_dtypes(kit)) {
-        if (label != "kit" && dtype != DType::float8_e4m3fn) continue;
+        if (label != "kit" && dtype != DType::float8_e4m3fn && dtype != DType::float8_e5m2) {
+          continue;  // only fp8 streams differ without AVX512_VBMI
+        }
         for (bool runs : {false, true}) {
           const StreamOperand b = stream_operand(values, dtype, lanes, depth, runs);
           const int most = label == "kit" ? kit.stream_rows(b.source) : 4;
@@ -672,8 +671,8 @@ TEST(V2Kernels, Fp8TableStreamsMatchArithmeticWideningBits) {
           const std::vector<float> tables = run_stream(kit.stream, kit, b.source, a, depth, rows,
                                                        n0, n1, k0, kc, rs, cs, ldc, chunk);
           const std::vector<float> arithmetic =
-              run_stream(stream_fp8_arithmetic<kernels::StreamF32>, kit, b.source, a, depth, rows,
-                         n0, n1, k0, kc, rs, cs, ldc, chunk);
+              run_stream(stream_f32_without_vbmi, kit, b.source, a, depth, rows, n0, n1, k0, kc, rs,
+                         cs, ldc, chunk);
           for (std::size_t q = 0; q < tables.size(); ++q) {
             // a sum of NaNs of both signs may keep either (the FMA's operand order picks it)
             if (std::isnan(tables[q]) && std::isnan(arithmetic[q])) continue;

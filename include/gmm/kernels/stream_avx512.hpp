@@ -981,12 +981,13 @@ struct StreamF32 {
   };
 };
 
-// KernelKit::stream of the AVX512_BF16 (and AMX) kits: B's dtype and layout pick the kernel;
-// fp8 with contiguous columns or runs widens through the vpermi2b tables where the CPU has
-// AVX512_VBMI; more than 4 rows (stream_rows_avx512_bf16) take the strip kernel.
-inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                               const StreamChunk* chunks, std::int64_t count, int rows, float* c,
-                               std::int64_t ldc, bool first) {
+// KernelKit::stream of the AVX512_BF16 (and AMX) kits on a CPU with the given features: B's dtype
+// and layout pick the kernel; fp8 with contiguous columns or runs widens through the vpermi2b
+// tables where the CPU has AVX512_VBMI; more than 4 rows (stream_rows_avx512_bf16, only with
+// AVX512_VBMI) take the strip kernel.
+inline void stream_avx512_bf16_on(const CpuFeatures& cpu, const PanelSource& b, std::int64_t n0,
+                                  std::int64_t n1, const StreamChunk* chunks, std::int64_t count,
+                                  int rows, float* c, std::int64_t ldc, bool first) {
   if (rows >= kStripMinBlock) {  // stream_rows_avx512_bf16: strips_take(b)
     const auto strips = b.dtype == DType::float8_e4m3fn ? stream_bf16_strips<DType::float8_e4m3fn>
                         : b.dtype == DType::float8_e5m2 ? stream_bf16_strips<DType::float8_e5m2>
@@ -999,13 +1000,12 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
     return;
   }
   const bool runs = b.k_stride == 1;
-  const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
-#define GMM_STREAM(D, RUNS, TABLES)                                          \
-  return stream_rows_dispatch<StreamBf16<D, RUNS, TABLES>::template Kernel>( \
-      rows, b, n0, n1, chunks, count, c, ldc, first)
-#define GMM_STREAM_LAYOUTS(D, TABLES)    \
-  if (runs) GMM_STREAM(D, true, TABLES); \
-  GMM_STREAM(D, false, TABLES)
+  const bool tables = cpu.avx512vbmi && (runs || b.lane_stride == 1);
+#define GMM_STREAM(D, RUNS, TABLES)                                                           \
+  stream_rows_dispatch<StreamBf16<D, RUNS, TABLES>::template Kernel>(rows, b, n0, n1, chunks, \
+                                                                     count, c, ldc, first)
+#define GMM_STREAM_LAYOUTS(D, TABLES) \
+  return runs ? GMM_STREAM(D, true, TABLES) : GMM_STREAM(D, false, TABLES)
   switch (b.dtype) {
     case DType::f32:
       GMM_STREAM_LAYOUTS(DType::f32, false);
@@ -1024,37 +1024,47 @@ inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64
 #undef GMM_STREAM
 }
 
-// KernelKit::stream of the AVX-512F kit: B's dtype and layout pick the kernel; fp8 with
-// contiguous columns or runs widens through the vpermi2b tables where the CPU has AVX512_VBMI.
-inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
-                              const StreamChunk* chunks, std::int64_t count, int rows, float* c,
-                              std::int64_t ldc, bool first) {
+inline void stream_avx512_bf16(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                               const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                               std::int64_t ldc, bool first) {
+  stream_avx512_bf16_on(cpu_features(), b, n0, n1, chunks, count, rows, c, ldc, first);
+}
+
+// KernelKit::stream of the AVX-512F kit on a CPU with the given features: B's dtype and layout
+// pick the kernel; fp8 with contiguous columns or runs widens through the vpermi2b tables where
+// the CPU has AVX512_VBMI.
+inline void stream_avx512_f32_on(const CpuFeatures& cpu, const PanelSource& b, std::int64_t n0,
+                                 std::int64_t n1, const StreamChunk* chunks, std::int64_t count,
+                                 int rows, float* c, std::int64_t ldc, bool first) {
   const bool runs = b.k_stride == 1;
-  const bool tables = cpu_features().avx512vbmi && (runs || b.lane_stride == 1);
-#define GMM_STREAM(D, RUNS, TABLES)                                         \
-  return stream_rows_dispatch<StreamF32<D, RUNS, TABLES>::template Kernel>( \
-      rows, b, n0, n1, chunks, count, c, ldc, first)
-#define GMM_STREAM_LAYOUTS(D)           \
-  if (runs) GMM_STREAM(D, true, false); \
-  GMM_STREAM(D, false, false)
+  const bool tables = cpu.avx512vbmi && (runs || b.lane_stride == 1);
+#define GMM_STREAM(D, RUNS, TABLES)                                                          \
+  stream_rows_dispatch<StreamF32<D, RUNS, TABLES>::template Kernel>(rows, b, n0, n1, chunks, \
+                                                                    count, c, ldc, first)
+#define GMM_STREAM_LAYOUTS(D, TABLES) \
+  return runs ? GMM_STREAM(D, true, TABLES) : GMM_STREAM(D, false, TABLES)
   switch (b.dtype) {
     case DType::f32:
-      GMM_STREAM_LAYOUTS(DType::f32);
+      GMM_STREAM_LAYOUTS(DType::f32, false);
     case DType::bf16:
-      GMM_STREAM_LAYOUTS(DType::bf16);
+      GMM_STREAM_LAYOUTS(DType::bf16, false);
     case DType::float8_e4m3fn:
-      if (tables && runs) GMM_STREAM(DType::float8_e4m3fn, true, true);
-      if (tables) GMM_STREAM(DType::float8_e4m3fn, false, true);
-      GMM_STREAM_LAYOUTS(DType::float8_e4m3fn);
+      if (tables) GMM_STREAM_LAYOUTS(DType::float8_e4m3fn, true);
+      GMM_STREAM_LAYOUTS(DType::float8_e4m3fn, false);
     case DType::float8_e5m2:
-      if (tables && runs) GMM_STREAM(DType::float8_e5m2, true, true);
-      if (tables) GMM_STREAM(DType::float8_e5m2, false, true);
-      GMM_STREAM_LAYOUTS(DType::float8_e5m2);
+      if (tables) GMM_STREAM_LAYOUTS(DType::float8_e5m2, true);
+      GMM_STREAM_LAYOUTS(DType::float8_e5m2, false);
     case DType::int8:
-      GMM_STREAM_LAYOUTS(DType::int8);
+      GMM_STREAM_LAYOUTS(DType::int8, false);
   }
 #undef GMM_STREAM_LAYOUTS
 #undef GMM_STREAM
+}
+
+inline void stream_avx512_f32(const PanelSource& b, std::int64_t n0, std::int64_t n1,
+                              const StreamChunk* chunks, std::int64_t count, int rows, float* c,
+                              std::int64_t ldc, bool first) {
+  stream_avx512_f32_on(cpu_features(), b, n0, n1, chunks, count, rows, c, ldc, first);
 }
 
 }  // namespace gmm::kernels
