@@ -320,6 +320,53 @@ TEST(V2Kernels, StoreRowMatchesScalar) {
   }
 }
 
+// store_row rounds to bf16 as Eigen's bfloat16(float) does on every sign, exponent and bf16
+// mantissa: each of the 65536 upper halves with the lower halves around its rounding point (0,
+// 1, just under, at and just over the tie, all ones) and one random, in one row (so vectors
+// and pairs of vectors of 32 come with and without NaNs, subnormals, infinities), through the
+// caches and past them.
+TEST(V2Kernels, StoreRowRoundsEveryBf16Neighbourhood) {
+  Rng rng(12);
+  std::vector<float> src;
+  for (std::uint32_t upper = 0; upper <= 0xFFFF; ++upper) {
+    for (std::uint32_t lower : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu,
+                                static_cast<std::uint32_t>(rng.integer(0, 0xFFFF))}) {
+      src.push_back(float_of_bits(upper << 16 | lower));
+    }
+  }
+  const std::int64_t n = static_cast<std::int64_t>(src.size());
+  std::vector<std::uint16_t> expected(src.size());
+  for (std::size_t j = 0; j < src.size(); ++j) {
+    const bfloat16 rounded(src[j]);
+    std::memcpy(&expected[j], &rounded, sizeof(std::uint16_t));
+  }
+  int checked = 0;
+  for (const KernelKit& kit : kits()) {
+    if (kit.store_row == nullptr) continue;
+    for (bool bypass : {false, true}) {
+      std::vector<std::uint16_t> out(src.size() + 32, 0);  // the row starts on a cache line
+      std::uint16_t* row =
+          out.data() + (64 - reinterpret_cast<std::uintptr_t>(out.data()) % 64) % 64 / 2;
+      kit.store_row(src.data(), row, DType::bf16, n, false, bypass);
+      if (bypass) kit.store_fence();
+      std::int64_t mismatches = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (row[j] != expected[j] && ++mismatches <= 5) {
+          std::uint32_t bits;
+          std::memcpy(&bits, &src[j], sizeof bits);
+          ADD_FAILURE() << name(kit.isa) << (bypass ? " bypass" : "") << " fp32 bits " << std::hex
+                        << bits << ": " << row[j] << ", want " << expected[j];
+        }
+      }
+      EXPECT_EQ(mismatches, 0) << name(kit.isa) << (bypass ? " bypass" : "");
+      ++checked;
+    }
+  }
+  if (kernels::isa_supported(Isa::avx512f)) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
 // One micro-tile's operands for a kit: A [mr, kc] and B [kc, nr] of small integers (so every
 // product and sum is exact), packed by the reference packers in the kit's format, and
 // power-of-two row and column scales.
