@@ -74,10 +74,11 @@ TEST_P(V2Gmm, LargeAblockRepackedPerColumnBlock) {
 
 // Without requested tiles, dlhs's transposed weights (contiguous contraction runs) are packed in
 // the kits' longer contraction chunks over narrower column blocks: several of each here (a
-// contraction of 2100, 300 columns, groups past the streaming kernels' rows).
+// contraction of 2100, 300 columns, groups past the streaming kernels' rows); the group of 140
+// rows keeps blocks as wide as its rows, with a chunk between the kit's and tiles.k.
 TEST_P(V2Gmm, TransposedWeightsInLongChunks) {
   Rng rng(262);
-  const CaseShape s{"runs", 40, 2100, 300, {17, 23}};
+  const CaseShape s{"runs", 180, 2100, 300, {17, 23, 140}};
   const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
   const GmmRecipe fp8{"fp8",
                       {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 2100)},

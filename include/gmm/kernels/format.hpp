@@ -145,7 +145,8 @@ struct KernelKit {
   Tiles tiles;
   // Optional (0: tiles.k): the contraction chunk of a B with contiguous contraction runs (dlhs's
   // transposed weights), whose packer transposes tiles read from 16 lanes' runs: a longer chunk
-  // reads longer runs of each lane; the block of columns shrinks in proportion (same bytes).
+  // reads longer runs of each lane; the block of columns shrinks in proportion (same bytes), but
+  // not below the task's rows (see v2::detail::run_task).
   std::int64_t runs_chunk = 0;
 };
 
