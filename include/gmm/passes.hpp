@@ -11,6 +11,7 @@
 #include "gmm/core/parallel.hpp"
 #include "gmm/core/problem.hpp"
 #include "gmm/core/quantize.hpp"
+#include "gmm/kernels/cpu.hpp"
 #include "gmm/ops.hpp"
 #include "gmm/plan.hpp"
 #include "gmm/recipe.hpp"
@@ -263,9 +264,16 @@ inline void backward(const Saved& saved, const Matrix& dy, const Gradients& grad
   if (quantize_x) drhs.quantize_lhs = detail::quant_spec(*recipe.act, recipe.drhs_block_m);
   if (recipe.grad) drhs.quantize_rhs = detail::quant_spec(*recipe.grad, recipe.drhs_block_m);
 
-  // Validate both calls before writing any output.
-  if (run_dlhs) make_gmm_problem(where, dlhs_lhs, dlhs_rhs, layer.group_sizes, grads.dx, dlhs);
-  if (run_drhs) make_tgmm_problem(where, layer.x, dy, layer.group_sizes, grads.dw, drhs);
+  // Validate both calls before writing any output, including the instruction set a v2 call
+  // resolves (Options::isa or GMM_ISA), which it checks only when it runs.
+  if (run_dlhs) {
+    make_gmm_problem(where, dlhs_lhs, dlhs_rhs, layer.group_sizes, grads.dx, dlhs);
+    if (dlhs_family == Family::v2) kernels::resolve_isa("gmm::v2::gmm", dlhs.isa);
+  }
+  if (run_drhs) {
+    make_tgmm_problem(where, layer.x, dy, layer.group_sizes, grads.dw, drhs);
+    if (drhs_family == Family::v2) kernels::resolve_isa("gmm::v2::tgmm", drhs.isa);
+  }
 
   PassTrace* dlhs_trace =
       run_dlhs ? detail::start_trace(options, Pass::dlhs, dlhs_family) : nullptr;

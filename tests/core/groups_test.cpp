@@ -1,4 +1,5 @@
-// Group metadata (Megablox make_group_metadata) and validation of group_sizes.
+// Group metadata (Megablox make_group_metadata), validation of group_sizes, and the Eigen
+// grouped views' split of a matrix into equal groups.
 #include "gmm/core/groups.hpp"
 
 #include <gtest/gtest.h>
@@ -171,6 +172,33 @@ TEST(GroupSizesValidation, LocalRowsOfAShard) {
       detail::local_group_rows("gmm::gmm", std::vector<std::int32_t>{3, 0, 4, 1}, 2, 1, 10);
   EXPECT_EQ(rows.begin, (std::vector<std::int64_t>{3, 3}));
   EXPECT_EQ(rows.end, (std::vector<std::int64_t>{3, 7}));
+}
+
+// grouped_view / out_grouped_view split an Eigen matrix into `groups` equal blocks, and refuse a
+// count that would leave rows out.
+TEST(EigenGroupedViews, GroupsMustDivideTheRows) {
+  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  RowMajor m = RowMajor::Zero(10, 4);
+  const GroupedMatrix halves = grouped_view(m, 2);
+  EXPECT_EQ(halves.rows, 5);
+  EXPECT_EQ(halves.group_stride, 20);
+  EXPECT_EQ(out_grouped_view(m, 5).rows, 2);
+  for (const std::int64_t groups : {3, 0, -2}) {
+    try {
+      (void)grouped_view(m, groups);
+      ADD_FAILURE() << groups << " groups accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("gmm::grouped_view: groups: expected a positive divisor of the "
+                             "matrix's 10 rows, got " +
+                             std::to_string(groups)),
+                std::string::npos)
+          << message;
+    }
+    EXPECT_THROW((void)out_grouped_view(m, groups), Error) << groups;
+  }
+  RowMajor empty(0, 4);
+  EXPECT_EQ(grouped_view(empty, 0).groups, 0);
 }
 
 }  // namespace

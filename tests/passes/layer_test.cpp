@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -415,6 +416,26 @@ TEST(LayerErrors, BackwardValidatesBothPassesBeforeWritingEither) {
         backward(saved, short_dy.view(), {out.dx.view(), out.dw.grouped_view()}, Plan::hybrid());
       },
       {"dy rows (M)", "got 95"});
+  // What one family's call checks only as it runs: v2's instruction set (here an unknown GMM_ISA
+  // value) and tiles; the hybrid plan runs its v1 dlhs before its v2 drhs.
+  const char* isa_before = std::getenv("GMM_ISA");
+  const std::string isa_value = isa_before != nullptr ? isa_before : "";
+  ASSERT_EQ(setenv("GMM_ISA", "no-such-isa", 1), 0);
+  expect_error(
+      [&] {
+        backward(saved, s.dy.view(), {out.dx.view(), out.dw.grouped_view()}, Plan::hybrid());
+      },
+      {"gmm::v2::tgmm", "GMM_ISA", "got no-such-isa"});
+  ASSERT_EQ(isa_before != nullptr ? setenv("GMM_ISA", isa_value.c_str(), 1) : unsetenv("GMM_ISA"),
+            0);
+  PassOptions bad_tiles;
+  bad_tiles.tiles[static_cast<int>(Pass::drhs)] = Tiles{-1, 0, 0};
+  expect_error(
+      [&] {
+        backward(saved, s.dy.view(), {out.dx.view(), out.dw.grouped_view()}, Plan::hybrid(),
+                 bad_tiles);
+      },
+      {"gmm::backward", "options.tiles.m", "got -1"});
   EXPECT_TRUE(same_bits(out.dx, before.dx));
   EXPECT_TRUE(same_bits(out.dw, before.dw));
 }

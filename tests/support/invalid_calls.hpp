@@ -143,6 +143,9 @@ inline std::vector<InvalidCall> invalid_gmm_calls() {
   add("fixed calibration scale below sqrt(FLT_MIN)", "fixed scale", [](InvalidCall& c) {
     c.options.quantize_lhs = QuantSpec{QType::float8_e4m3fn, Calibration::fixed(1e-30f), 0};
   });
+  add("negative tile extent", "options.tiles.k", [](InvalidCall& c) {
+    c.options.tiles = {0, -7, 16};
+  });
   return calls;
 }
 
@@ -187,6 +190,9 @@ inline std::vector<InvalidCall> invalid_tgmm_calls() {
   });
   add("fixed calibration scale below sqrt(FLT_MIN)", "fixed scale", [](InvalidCall& c) {
     c.options.quantize_rhs = QuantSpec{QType::int8, Calibration::fixed(1e-30f), 0};
+  });
+  add("negative tile extent", "options.tiles.m", [](InvalidCall& c) {
+    c.options.tiles = {-1, 0, 0};
   });
   return calls;
 }

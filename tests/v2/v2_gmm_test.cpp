@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gmm/v2/driver.hpp"
+#include "support/invalid_calls.hpp"
 #include "v2/v2_cases.hpp"
 
 namespace gmm::test::v2 {
@@ -372,6 +373,51 @@ TEST(V2Isa, ThrowsBeforeWriting) {
                Error);
   ASSERT_EQ(unsetenv("GMM_ISA"), 0);
   for (float v : out) EXPECT_EQ(v, 5.0f);
+}
+
+// v2 rejects every invalid call of the shared list before writing, as v1 and the oracle do.
+TEST(V2Errors, GmmRejectsBeforeWriting) {
+  for (InvalidCall& c : invalid_gmm_calls()) {
+    EXPECT_TRUE(rejects_before_writing(c, [](InvalidCall& call) {
+      Options o = call.options;
+      o.family = Family::v2;
+      gmm::gmm(call.lhs.view(), call.rhs.grouped_view(), call.sizes, call.out_view(), o);
+    }));
+  }
+}
+
+TEST(V2Errors, TgmmRejectsBeforeWriting) {
+  for (InvalidCall& c : invalid_tgmm_calls()) {
+    EXPECT_TRUE(rejects_before_writing(c, [](InvalidCall& call) {
+      Options o = call.options;
+      o.family = Family::v2;
+      gmm::tgmm(call.lhs.view(), call.rhs.view(), call.sizes, call.out_grouped_view(), o);
+    }));
+  }
+}
+
+// A shard that received no tokens: pre-quantized activations of 0 rows have no scales (their
+// scale array is empty), and both families accept them; tgmm's blocks are then zeros.
+TEST(EmptyBatch, PreQuantizedActivationsOfNoRowsAreAccepted) {
+  const std::vector<float> w(2 * 32 * 16, 0.5f);
+  const QArray xq = quantize(view(w.data(), 0, 32), QType::float8_e4m3fn, blocks::per_row);
+  const QArray wq =
+      quantize(grouped_view(w.data(), 2, 32, 16), QType::float8_e4m3fn, BlockShape{1, 0, 1});
+  ASSERT_EQ(xq.matrix().scales.data, nullptr);
+  const std::vector<std::int32_t> sizes{0, 0};
+  const std::vector<float> no_rows;
+  for (Family family : {Family::v1, Family::v2}) {
+    Options o;
+    o.family = family;
+    EXPECT_NO_THROW(gmm::gmm(xq.matrix(), wq.grouped(), sizes, out_view<float>(nullptr, 0, 16), o))
+        << name(family);
+    std::vector<float> dw(2 * 32 * 16, 7.0f);
+    o.quantize_rhs = QuantSpec{QType::float8_e5m2, Calibration::absmax(), 0};
+    EXPECT_NO_THROW(gmm::tgmm(xq.matrix(), view(no_rows.data(), 0, 16), sizes,
+                              out_grouped_view(dw.data(), 2, 32, 16), o))
+        << name(family);
+    for (float v : dw) ASSERT_EQ(v, 0.0f) << name(family);
+  }
 }
 
 }  // namespace

@@ -50,7 +50,9 @@ struct Tiles {
 // `block` (K for gmm, one scale per row and K block; M for tgmm, one scale per column and M
 // block) and extent 1 across it. `block` 0 means the whole axis; a block larger than the axis is
 // clamped to it; otherwise it must divide the axis. fixed calibration is per tensor and ignores
-// `block`.
+// `block`. tgmm's M blocks cover every row of the operand, owned by a local group or not (the
+// whole tensor is quantized, as Qwix quantizes it): rows past sum(group_sizes) and other shards'
+// rows count in their block's absmax, so they must hold finite values (zeros, say).
 struct QuantSpec {
   QType qtype = QType::float8_e4m3fn;
   Calibration calibration;

@@ -95,13 +95,14 @@ inline void check_scales(const char* where, std::string_view operand, DType dtyp
             fmt::format("none for a {} operand", dtype), "a scale array");
     return;
   }
-  require(s.data != nullptr, where, fmt::format("{} scales", operand),
-          fmt::format("an fp32 scale array for a {} operand", dtype), "none");
   check_block(where, operand, "groups", s.block.groups, groups);
   check_block(where, operand, "rows", s.block.rows, rows);
   check_block(where, operand, "cols", s.block.cols, cols);
   const std::int64_t count =
       (groups / s.block.groups) * (rows / s.block.rows) * (cols / s.block.cols);
+  // an empty operand (a shard that received no tokens) has no scales to point at
+  require(s.data != nullptr || count == 0, where, fmt::format("{} scales", operand),
+          fmt::format("an fp32 scale array for a {} operand", dtype), "none");
   for (std::int64_t i = 0; i < count; ++i) {  // the message is formatted only on failure
     if (!std::isfinite(s.data[i])) {
       fail(where, fmt::format("{} scales[{}]", operand, i), "a finite value", s.data[i]);
@@ -117,6 +118,14 @@ inline void check_matrix(const char* where, std::string_view name, const void* d
           fmt::format(">= cols = {}", cols), row_stride);
   require(data != nullptr || rows * cols == 0, where, fmt::format("{} data", name),
           "a non-null pointer", "nullptr");
+}
+
+// Options::tiles: each extent >= 0 (0 picks the family's default), for either family.
+inline void check_tiles(const char* where, const Tiles& tiles) {
+  for (const auto& [extent, axis] : {std::pair{tiles.m, "m"}, {tiles.k, "k"}, {tiles.n, "n"}}) {
+    require(extent >= 0, where, fmt::format("options.tiles.{}", axis), ">= 0 (0 picks the default)",
+            extent);
+  }
 }
 
 inline void check_output_dtype(const char* where, DType d) {
@@ -163,6 +172,7 @@ inline GmmProblem make_gmm_problem(const char* where, const Matrix& lhs, const G
           fmt::format(">= rows * row_stride = {}", rhs.rows * rhs.row_stride), rhs.group_stride);
   detail::check_matrix(where, "out", out.data, out.rows, out.cols, out.row_stride);
   detail::check_output_dtype(where, out.dtype);
+  detail::check_tiles(where, options.tiles);
   const std::int64_t rhs_k = options.transpose_rhs ? rhs.cols : rhs.rows;
   p.n = options.transpose_rhs ? rhs.rows : rhs.cols;
   detail::check_extent(
@@ -212,6 +222,7 @@ inline TgmmProblem make_tgmm_problem(const char* where, const Matrix& lhs, const
   require(out.group_stride >= out.rows * out.row_stride, where, "out group_stride",
           fmt::format(">= rows * row_stride = {}", out.rows * out.row_stride), out.group_stride);
   detail::check_output_dtype(where, out.dtype);
+  detail::check_tiles(where, options.tiles);
   require(!options.transpose_rhs, where, "transpose_rhs", "false for tgmm", true);
   detail::check_extent(where, "rhs rows (M)", rhs.rows, p.m);
   detail::check_extent(where, "out rows (K)", out.rows, p.k);

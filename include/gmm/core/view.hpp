@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gmm/core/dtype.hpp"
+#include "gmm/core/error.hpp"
 
 namespace gmm {
 
@@ -134,12 +135,25 @@ OutMatrix out_view(Eigen::PlainObjectBase<Derived>& m) {
   return out_view(m.data(), m.rows(), m.cols(), m.outerStride());
 }
 
-// A [groups * rows, cols] row-major Eigen matrix seen as `groups` stacked [rows, cols] blocks.
+namespace detail {
+
+// The rows of each of `groups` equal blocks of a matrix of `rows` rows; a gmm::Error unless
+// `groups` divides them (no rows are left out).
+inline std::int64_t rows_per_group(const char* where, std::int64_t rows, std::int64_t groups) {
+  require(groups > 0 ? rows % groups == 0 : groups == 0 && rows == 0, where, "groups",
+          fmt::format("a positive divisor of the matrix's {} rows", rows), groups);
+  return groups > 0 ? rows / groups : 0;
+}
+
+}  // namespace detail
+
+// A [groups * rows, cols] row-major Eigen matrix seen as `groups` stacked [rows, cols] blocks
+// (a gmm::Error unless `groups` divides its rows).
 template <typename Derived>
 GroupedMatrix grouped_view(const Eigen::PlainObjectBase<Derived>& m, std::int64_t groups,
                            Scales scales = {}) {
   static_assert(Derived::IsRowMajor, "gmm views need row-major Eigen matrices");
-  const std::int64_t rows = groups > 0 ? m.rows() / groups : 0;
+  const std::int64_t rows = detail::rows_per_group("gmm::grouped_view", m.rows(), groups);
   return {m.data(),        dtype_for<typename Derived::Scalar>::value,
           groups,          rows,
           m.cols(),        rows * m.outerStride(),
@@ -149,7 +163,7 @@ GroupedMatrix grouped_view(const Eigen::PlainObjectBase<Derived>& m, std::int64_
 template <typename Derived>
 OutGroupedMatrix out_grouped_view(Eigen::PlainObjectBase<Derived>& m, std::int64_t groups) {
   static_assert(Derived::IsRowMajor, "gmm views need row-major Eigen matrices");
-  const std::int64_t rows = groups > 0 ? m.rows() / groups : 0;
+  const std::int64_t rows = detail::rows_per_group("gmm::out_grouped_view", m.rows(), groups);
   return {m.data(),       dtype_for<typename Derived::Scalar>::value,
           groups,         rows,
           m.cols(),       rows * m.outerStride(),
