@@ -33,13 +33,12 @@ inline Tiles resolve_options(const char* where, const Options& options, Tiles de
                                    "vectorization, {}, and cannot be forced)",
                                    name(compiled_isa())),
                        name(options.isa));
-  const auto pick = [&](std::int64_t tile, std::int64_t fallback, const char* axis) {
-    gmm::detail::require(tile >= 0, where, fmt::format("options.tiles.{}", axis),
-                         ">= 0 (0 picks the default)", tile);
+  // tiles are >= 0 here: make_gmm_problem / make_tgmm_problem checked them for both families
+  const auto pick = [](std::int64_t tile, std::int64_t fallback) {
     return tile == 0 ? fallback : tile;
   };
-  return {pick(options.tiles.m, defaults.m, "m"), pick(options.tiles.k, defaults.k, "k"),
-          pick(options.tiles.n, defaults.n, "n")};
+  return {pick(options.tiles.m, defaults.m), pick(options.tiles.k, defaults.k),
+          pick(options.tiles.n, defaults.n)};
 }
 
 // An fp32 tile seen row-major: either the operand itself (f32) or a decoded copy in a buffer.
