@@ -332,7 +332,8 @@ TEST(QuantizeErrors, FixedCalibrationStrings) {
   expect_error([] { Calibration::parse("fixed,-200,224"); },
                {"fixed bounds", "symmetric bounds -MAX,MAX", "fixed,-200,224"});
   for (const char* bad : {"fixed", "fixed,", "fixed,abc", "fixed,1,2,3", "fixd,1", "absmax,0.9",
-                          "fixed,nan", "fixed,inf", "fixed,-inf,inf"}) {
+                          "fixed,nan", "fixed,inf", "fixed,-inf,inf", "fixed, 448", "fixed,448 ",
+                          "fixed,-224, 224", "fixed,\t448", " absmax", "absmax "}) {
     expect_error([&] { Calibration::parse(bad); }, {"gmm::Calibration::parse", bad});
   }
   for (const char* bad : {"fixed,0", "fixed,-5", "fixed,-0,0"}) {

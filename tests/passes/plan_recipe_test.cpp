@@ -287,8 +287,8 @@ TEST(RecipeParse, RejectsAnythingElse) {
     expect_error([&] { Recipe::parse(text); },
                  {"gmm::Recipe::parse", "fp8_static(MAX)", fmt::format("\"{}\"", text)});
   }
-  for (const char* text :
-       {"fp8_static(abc)", "fp8_static(inf)", "fp8_static(-3)", "fp8_static(-200,224)"}) {
+  for (const char* text : {"fp8_static(abc)", "fp8_static(inf)", "fp8_static(-3)",
+                           "fp8_static(-200,224)", "fp8_static( 224)", "fp8_static(-224, 224)"}) {
     SCOPED_TRACE(text);
     expect_error([&] { Recipe::parse(text); }, {"gmm::Calibration"});
   }

@@ -2,6 +2,7 @@
 // "fixed,-MAX,MAX").
 #pragma once
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -57,11 +58,13 @@ struct Calibration {
   }
 
  private:
+  // A number and nothing else: strtof would skip leading blanks, which the syntax has nowhere.
   static float parse_bound(std::string_view field, std::string_view text) {
     const std::string s(field);
+    const bool starts_as_number = !s.empty() && !std::isspace(static_cast<unsigned char>(s[0]));
     char* end = nullptr;
-    const float v = s.empty() ? NAN : std::strtof(s.c_str(), &end);
-    detail::require(!s.empty() && end == s.c_str() + s.size() && std::isfinite(v),
+    const float v = starts_as_number ? std::strtof(s.c_str(), &end) : NAN;
+    detail::require(starts_as_number && end == s.c_str() + s.size() && std::isfinite(v),
                     "gmm::Calibration::parse", "fixed bound", "a finite number", text);
     return v;
   }
