@@ -371,30 +371,32 @@ TEST(V2Kernels, StoreRowRoundsEveryBf16Neighbourhood) {
 // product and sum is exact), packed by the reference packers in the kit's format, and
 // power-of-two row and column scales.
 struct IntegerTile {
-  std::int64_t kc = 0;
+  std::int64_t kc = 0, cols = 0;
   std::vector<float> a, b, rs, cs;
   std::vector<unsigned char> pa, pb;
 
-  IntegerTile(Rng& rng, const KernelKit& kit, std::int64_t depth) : kc(depth) {
+  // One A panel and `b_panels` B panels (consecutive in pb) of `depth` contraction indices.
+  IntegerTile(Rng& rng, const KernelKit& kit, std::int64_t depth, int b_panels = 1)
+      : kc(depth), cols(b_panels * kit.format.nr) {
     const auto& f = kit.format;
     a.resize(f.mr * kc);
-    b.resize(kc * f.nr);
+    b.resize(kc * cols);
     for (float& x : a) x = static_cast<float>(rng.integer(-8, 8));
     for (float& x : b) x = static_cast<float>(rng.integer(-8, 8));
     rs.resize(f.mr);
-    cs.resize(f.nr);
+    cs.resize(cols);
     for (float& s : rs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
     for (float& s : cs) s = std::exp2(static_cast<float>(rng.integer(-3, 3)));
-    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, f.nr};
+    PanelSource sa{a.data(), DType::f32, kc, 1}, sb{b.data(), DType::f32, 1, cols};
     pa.resize(f.panel_bytes(f.mr, kc));
-    pb.resize(f.panel_bytes(f.nr, kc));
+    pb.resize(b_panels * f.panel_bytes(f.nr, kc));
     reference_packer(kit, PanelOrder::lane_major)(sa, f.mr, 0, f.mr, 0, kc, rs.data(), pa.data());
-    reference_packer(kit, PanelOrder::step_major)(sb, f.nr, 0, f.nr, 0, kc, cs.data(), pb.data());
+    reference_packer(kit, PanelOrder::step_major)(sb, f.nr, 0, cols, 0, kc, cs.data(), pb.data());
   }
   // Element (i, j) of A B, exact.
-  double sum(int i, int j, int nr) const {
+  double sum(int i, std::int64_t j) const {
     double total = 0;
-    for (std::int64_t k = 0; k < kc; ++k) total += a[i * kc + k] * b[k * nr + j];
+    for (std::int64_t k = 0; k < kc; ++k) total += a[i * kc + k] * b[k * cols + j];
     return total;
   }
 };
@@ -421,7 +423,7 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
       if (kit.end != nullptr) kit.end();
       for (int i = 0; i < f.mr; ++i) {
         for (int j = 0; j < f.nr; ++j) {
-          const double sum = tile.sum(i, j, f.nr);
+          const double sum = tile.sum(i, j);
           EXPECT_EQ(c[i * ldc + j], i < rows ? static_cast<float>(2 * sum * rs[i] * cs[j]) : 5.0f)
               << name(kit.isa) << " few=" << few << " " << i << "," << j;
         }
@@ -432,10 +434,11 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
 }
 
 // A kit's output kernel writes what its micro-kernel computes (first), rounded to f32 / bf16 as
-// the scalar path rounds (Eigen's bfloat16), straight into rows of the output: exact integer
-// products times power-of-two scales, one row scaled into fp32 subnormals, one made NaN by its
-// scale and one holding a subnormal or a NaN in a single column (vectors with and without such
-// values); the rows past `rows`, the padding of each row and the row after the tile untouched.
+// the scalar path rounds (Eigen's bfloat16), straight into rows of the output, for the two tiles
+// of one call (two B panels): exact integer products times power-of-two scales, one row scaled
+// into fp32 subnormals, one made NaN by its scale and one holding a subnormal or a NaN in a
+// single column of each tile (vectors with and without such values); the rows past `rows`, the
+// padding of each row and the row after the tiles untouched.
 TEST(V2Kernels, OutputKernelsMatchScalar) {
   Rng rng(11);
   int checked = 0;
@@ -443,33 +446,36 @@ TEST(V2Kernels, OutputKernelsMatchScalar) {
     if (kit.output_kernel == nullptr) continue;
     ASSERT_NE(kit.store_fence, nullptr) << name(kit.isa);
     const auto& f = kit.format;
-    IntegerTile tile(rng, kit, 37);
+    constexpr int kTiles = 2;
+    IntegerTile tile(rng, kit, 37, kTiles);
     const std::int64_t steps = f.steps(tile.kc);
     std::vector<float>&rs = tile.rs, &cs = tile.cs;  // scales are not packed: set them now
     rs[0] = 0x1p-135f;                               // subnormal products
     rs[1] = std::numeric_limits<float>::quiet_NaN();
-    cs[f.nr / 2] = float_of_bits(0x7F800001u);  // NaN with a payload in one column
-    cs[f.nr / 2 + 1] = 0x1p-140f;
+    for (int t = 0; t < kTiles; ++t) {
+      cs[t * f.nr + f.nr / 2 + t] = float_of_bits(0x7F800001u);  // NaN with a payload
+      cs[t * f.nr + f.nr / 2 + 1 + t] = 0x1p-140f;
+    }
     const std::vector<unsigned char>&pa = tile.pa, &pb = tile.pb;
     const int rows = f.mr - 1;  // valid rows: written, the last one not
     for (DType d : {DType::f32, DType::bf16}) {
       const std::size_t size = size_of(d);
-      const std::int64_t row_stride = f.nr + 64 / static_cast<std::int64_t>(size);  // a line more
+      const std::int64_t row_stride = tile.cols + 64 / static_cast<std::int64_t>(size);  // + line
       const std::int64_t elements = (f.mr + 1) * row_stride;
       std::vector<unsigned char> buffer(elements * size + 64);
       unsigned char* out =
           buffer.data() + (64 - reinterpret_cast<std::uintptr_t>(buffer.data()) % 64) % 64;
       for (std::int64_t e = 0; e < elements; ++e) store_as(out, d, e, 5.0f);
       if (kit.begin != nullptr) kit.begin();
-      kit.output_kernel(steps, pa.data(), pb.data(), out, row_stride, d, rs.data(), cs.data(),
-                        rows);
+      kit.output_kernel(steps, pa.data(), pb.data(), f.panel_bytes(f.nr, tile.kc), kTiles, out,
+                        row_stride, d, rs.data(), cs.data(), rows);
       if (kit.end != nullptr) kit.end();
       kit.store_fence();
       for (int i = 0; i <= f.mr; ++i) {
         for (std::int64_t j = 0; j < row_stride; ++j) {
           float want = 5.0f;
-          if (i < rows && j < f.nr) {  // the kernel's fp32 operations
-            want = static_cast<float>(tile.sum(i, j, f.nr)) * rs[i] * cs[j];
+          if (i < rows && j < tile.cols) {  // the kernel's fp32 operations
+            want = static_cast<float>(tile.sum(i, j)) * rs[i] * cs[j];
           }
           unsigned char expected[4];
           store_as(expected, d, 0, want);

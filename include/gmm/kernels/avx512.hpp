@@ -825,47 +825,62 @@ GMM_TARGET_AVX512BF16 void kernel_avx512_bf16(std::int64_t steps, const void* a_
 // OutputKernelFn of the AVX-512F kit: fp32 FMA steps, rows written past the caches.
 template <int kMr, int kNv>
 GMM_TARGET_AVX512 void output_kernel_avx512_f32(std::int64_t steps, const void* a_packed,
-                                                const void* b_packed, void* out,
+                                                const void* b_packed, std::size_t b_panel_bytes,
+                                                std::int64_t tiles, void* out,
                                                 std::int64_t out_row_stride, DType dtype,
                                                 const float* row_scales, const float* col_scales,
                                                 int rows) {
-  __m512 acc[kMr][kNv];
-  fma_steps_avx512<kMr, kNv>(steps, static_cast<const float*>(a_packed),
-                             static_cast<const float*>(b_packed), acc);
-  stream_out_tile_avx512<kMr, kNv>(out, out_row_stride, dtype, acc, row_scales, col_scales, rows);
+  const std::size_t tile_bytes = 16 * kNv * size_of(dtype);
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    __m512 acc[kMr][kNv];
+    fma_steps_avx512<kMr, kNv>(steps, static_cast<const float*>(a_packed),
+                               reinterpret_cast<const float*>(
+                                   static_cast<const unsigned char*>(b_packed) + t * b_panel_bytes),
+                               acc);
+    stream_out_tile_avx512<kMr, kNv>(static_cast<unsigned char*>(out) + t * tile_bytes,
+                                     out_row_stride, dtype, acc, row_scales,
+                                     col_scales + 16 * kNv * t, rows);
+  }
 }
 
 // OutputKernelFn of the AVX512_BF16 kit: vdpbf16ps steps, rows written past the caches (bf16
 // rounded by vcvtne2ps2bf16, a cache line per pair of vectors).
 template <int kMr, int kNv>
 GMM_TARGET_AVX512BF16 void output_kernel_avx512_bf16(std::int64_t steps, const void* a_packed,
-                                                     const void* b_packed, void* out,
-                                                     std::int64_t out_row_stride, DType dtype,
-                                                     const float* row_scales,
+                                                     const void* b_packed,
+                                                     std::size_t b_panel_bytes, std::int64_t tiles,
+                                                     void* out, std::int64_t out_row_stride,
+                                                     DType dtype, const float* row_scales,
                                                      const float* col_scales, int rows) {
   static_assert(kNv % 2 == 0, "bf16 rows are stored a cache line (two vectors) at a time");
-  __m512 acc[kMr][kNv];
-  dot_steps_avx512_bf16<kMr, kNv>(steps, static_cast<const std::uint16_t*>(a_packed),
-                                  static_cast<const std::uint16_t*>(b_packed), acc);
-  __m512 cs[kNv];
-#pragma GCC unroll 4
-  for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * v);
   const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
-#pragma GCC unroll 16
-  for (int i = 0; i < kMr; ++i) {
-    if (i >= rows) break;
-    unsigned char* row = static_cast<unsigned char*>(out) + i * row_bytes;
-    const __m512 rs = _mm512_set1_ps(row_scales[i]);
+  const std::size_t tile_bytes = 16 * kNv * size_of(dtype);
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    __m512 acc[kMr][kNv];
+    dot_steps_avx512_bf16<kMr, kNv>(
+        steps, static_cast<const std::uint16_t*>(a_packed),
+        reinterpret_cast<const std::uint16_t*>(static_cast<const unsigned char*>(b_packed) +
+                                               t * b_panel_bytes),
+        acc);
+    __m512 cs[kNv];
 #pragma GCC unroll 4
-    for (int v = 0; v < kNv; v += 2) {
-      const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(acc[i][v], rs), cs[v]);
-      const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(acc[i][v + 1], rs), cs[v + 1]);
-      if (dtype == DType::f32) {
-        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v, lo);
-        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v + 16, hi);
-      } else {
-        _mm512_stream_si512(reinterpret_cast<__m512i*>(row) + v / 2,
-                            round_to_bf16_words_bf16(lo, hi));
+    for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * (kNv * t + v));
+#pragma GCC unroll 16
+    for (int i = 0; i < kMr; ++i) {
+      if (i >= rows) break;
+      unsigned char* row = static_cast<unsigned char*>(out) + t * tile_bytes + i * row_bytes;
+      const __m512 rs = _mm512_set1_ps(row_scales[i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < kNv; v += 2) {
+        const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(acc[i][v], rs), cs[v]);
+        const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(acc[i][v + 1], rs), cs[v + 1]);
+        if (dtype == DType::f32) {
+          _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v, lo);
+          _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v + 16, hi);
+        } else {
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(row) + v / 2,
+                              round_to_bf16_words_bf16(lo, hi));
+        }
       }
     }
   }

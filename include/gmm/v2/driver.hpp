@@ -447,11 +447,11 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
         const int valid_rows = static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir));
         // whole tiles of a one-chunk product past the caches go straight to the output
         const std::int64_t out_cols = output_tiles && !few ? cols / f.nr * f.nr : 0;
-        for (std::int64_t jr = 0; jr < out_cols; jr += f.nr) {
-          p.kit.output_kernel(steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel,
+        if (out_cols > 0) {
+          p.kit.output_kernel(steps, a_rows, ws.b_packed.data(), b_panel, out_cols / f.nr,
                               static_cast<unsigned char*>(job.out) +
-                                  ((t.a0 + ir) * p.out_row_stride + b0 + jr) * element,
-                              p.out_row_stride, p.out_dtype, a_scales + ir, ws.b_scales.data() + jr,
+                                  ((t.a0 + ir) * p.out_row_stride + b0) * element,
+                              p.out_row_stride, p.out_dtype, a_scales + ir, ws.b_scales.data(),
                               valid_rows);
         }
         for (std::int64_t jr = out_cols; jr < ldc; jr += f.nr) {
