@@ -716,6 +716,15 @@ GMM_TARGET_AVX512 __attribute__((always_inline)) inline void store_tile_avx512(
 // rows, acc * row_scale * col_scales rounded to the output's type as store_row rounds it (bf16: a
 // cache line per pair of vectors), stored past the caches (each row's 16 * kNv values are whole,
 // aligned cache lines of the output).
+// Vectors v and v + 1 of a row of an output kernel's tile, scaled: acc * row_scale * col_scales.
+template <int kNv>
+GMM_TARGET_AVX512 __attribute__((always_inline)) inline void scaled_pair(
+    const __m512 (&acc)[kNv], __m512 row_scale, const __m512 (&col_scales)[kNv], int v, __m512& lo,
+    __m512& hi) {
+  lo = _mm512_mul_ps(_mm512_mul_ps(acc[v], row_scale), col_scales[v]);
+  hi = _mm512_mul_ps(_mm512_mul_ps(acc[v + 1], row_scale), col_scales[v + 1]);
+}
+
 template <int kMr, int kNv>
 GMM_TARGET_AVX512 __attribute__((always_inline)) inline void stream_out_tile_avx512(
     void* out, std::int64_t out_row_stride, DType dtype, const __m512 (&acc)[kMr][kNv],
@@ -732,8 +741,8 @@ GMM_TARGET_AVX512 __attribute__((always_inline)) inline void stream_out_tile_avx
     const __m512 rs = _mm512_set1_ps(row_scales[i]);
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; v += 2) {
-      const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(acc[i][v], rs), cs[v]);
-      const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(acc[i][v + 1], rs), cs[v + 1]);
+      __m512 lo, hi;
+      scaled_pair<kNv>(acc[i], rs, cs, v, lo, hi);
       if (dtype == DType::f32) {
         _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v, lo);
         _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v + 16, hi);
@@ -862,25 +871,25 @@ GMM_TARGET_AVX512BF16 void output_kernel_avx512_bf16(std::int64_t steps, const v
         reinterpret_cast<const std::uint16_t*>(static_cast<const unsigned char*>(b_packed) +
                                                t * b_panel_bytes),
         acc);
+    unsigned char* tile_out = static_cast<unsigned char*>(out) + t * tile_bytes;
+    if (dtype == DType::f32) {
+      stream_out_tile_avx512<kMr, kNv>(tile_out, out_row_stride, dtype, acc, row_scales,
+                                       col_scales + 16 * kNv * t, rows);
+      continue;
+    }
     __m512 cs[kNv];
 #pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) cs[v] = _mm512_loadu_ps(col_scales + 16 * (kNv * t + v));
 #pragma GCC unroll 16
     for (int i = 0; i < kMr; ++i) {
       if (i >= rows) break;
-      unsigned char* row = static_cast<unsigned char*>(out) + t * tile_bytes + i * row_bytes;
       const __m512 rs = _mm512_set1_ps(row_scales[i]);
 #pragma GCC unroll 4
       for (int v = 0; v < kNv; v += 2) {
-        const __m512 lo = _mm512_mul_ps(_mm512_mul_ps(acc[i][v], rs), cs[v]);
-        const __m512 hi = _mm512_mul_ps(_mm512_mul_ps(acc[i][v + 1], rs), cs[v + 1]);
-        if (dtype == DType::f32) {
-          _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v, lo);
-          _mm512_stream_ps(reinterpret_cast<float*>(row) + 16 * v + 16, hi);
-        } else {
-          _mm512_stream_si512(reinterpret_cast<__m512i*>(row) + v / 2,
-                              round_to_bf16_words_bf16(lo, hi));
-        }
+        __m512 lo, hi;
+        scaled_pair<kNv>(acc[i], rs, cs, v, lo, hi);
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(tile_out + i * row_bytes) + v / 2,
+                            round_to_bf16_words_bf16(lo, hi));
       }
     }
   }
