@@ -712,10 +712,6 @@ GMM_TARGET_AVX512 __attribute__((always_inline)) inline void store_tile_avx512(
   }
 }
 
-// Epilogue of the AVX-512F output kernel (KernelKit::output_kernel): the tile's first `rows`
-// rows, acc * row_scale * col_scales rounded to the output's type as store_row rounds it (bf16: a
-// cache line per pair of vectors), stored past the caches (each row's 16 * kNv values are whole,
-// aligned cache lines of the output).
 // Vectors v and v + 1 of a row of an output kernel's tile, scaled: acc * row_scale * col_scales.
 template <int kNv>
 GMM_TARGET_AVX512 __attribute__((always_inline)) inline void scaled_pair(
@@ -725,6 +721,10 @@ GMM_TARGET_AVX512 __attribute__((always_inline)) inline void scaled_pair(
   hi = _mm512_mul_ps(_mm512_mul_ps(acc[v + 1], row_scale), col_scales[v + 1]);
 }
 
+// Epilogue of the AVX-512F output kernel (KernelKit::output_kernel): the tile's first `rows`
+// rows, acc * row_scale * col_scales rounded to the output's type as store_row rounds it (bf16: a
+// cache line per pair of vectors), stored past the caches (each row's 16 * kNv values are whole,
+// aligned cache lines of the output).
 template <int kMr, int kNv>
 GMM_TARGET_AVX512 __attribute__((always_inline)) inline void stream_out_tile_avx512(
     void* out, std::int64_t out_row_stride, DType dtype, const __m512 (&acc)[kMr][kNv],
