@@ -135,11 +135,15 @@ TEST(V2Kernels, PackersMatchReference) {
   const std::int64_t lanes_total = 75, k_total = 131;
   std::vector<KernelKit> packer_kits = kits();
 #if GMM_KERNELS_X86
-  // The generic B packer of the bf16-pair kits (what CPUs without AVX512_VBMI run for fp8 and
-  // bf16 weights), called directly.
+  // The generic B packers of the AVX-512 kits (what CPUs without AVX512_VBMI run for fp8 and,
+  // in the bf16-pair kits, bf16 weights), called directly.
   for (const KernelKit& kit : kits()) {
-    if (kit.format.element != PackedElement::bf16) continue;
     KernelKit generic = kit;
+    if (kit.isa == Isa::avx512f) {
+      generic.pack_b = kernels::pack_avx512<PackedElement::f32, PanelOrder::step_major>;
+      packer_kits.push_back(generic);
+    }
+    if (kit.format.element != PackedElement::bf16) continue;
     generic.pack_b = kit.format.step_multiple == 1
                          ? kernels::pack_avx512<PackedElement::bf16, PanelOrder::step_major, 1>
                          : kernels::pack_avx512<PackedElement::bf16, PanelOrder::step_major, 16>;

@@ -895,9 +895,12 @@ GMM_TARGET_AVX512BF16 void output_kernel_avx512_bf16(std::int64_t steps, const v
   }
 }
 
-// KernelKit::pack_b of the bf16-pair kits, defined in kernels/fp8_avx512.hpp, and
+// KernelKit::pack_b of the AVX-512F kit and of the bf16-pair kits, defined in
+// kernels/fp8_avx512.hpp, and
 // KernelKit::stream of the two kits below, defined in kernels/stream_avx512.hpp (both included
 // at the end of this header).
+inline void pack_b_f32(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
+                       std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out);
 template <int kStepMultiple>
 void pack_b_bf16_pairs(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
                        std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out);
@@ -921,7 +924,7 @@ inline KernelKit avx512f_kit() {
   kit.isa = Isa::avx512f;
   kit.format = {PackedElement::f32, 6, 64, 1};
   kit.pack_a = pack_avx512<PackedElement::f32, PanelOrder::lane_major>;
-  kit.pack_b = pack_avx512<PackedElement::f32, PanelOrder::step_major>;
+  kit.pack_b = pack_b_f32;
   kit.kernel = kernel_avx512_f32<6, 4>;
   kit.few_rows_kernel = kernel_avx512_f32<4, 4>;
   kit.few_rows = 4;

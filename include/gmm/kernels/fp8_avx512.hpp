@@ -1,5 +1,5 @@
-// fp8 to bf16 widening by 128-entry table lookups (AVX512_VBMI vpermi2b), shared by the B packers
-// of the bf16-pair kits and the streaming kernels, and those B packers themselves.
+// fp8 widening by 128-entry table lookups (AVX512_VBMI vpermi2b), shared by the B packers and the
+// streaming kernels, and those B packers themselves (bf16 pairs, and the AVX-512F kit's fp32).
 #pragma once
 
 #include <algorithm>
@@ -105,6 +105,203 @@ GMM_TARGET_AVX512VBMI inline void widen_fp8_runs(__m512i x, __m512i y, const Fp8
                                                  __m512i (&out)[4]) {
   lookup_bf16(_mm512_permutex2var_epi8(x, t.zip0, y), t, out[0], out[1]);
   lookup_bf16(_mm512_permutex2var_epi8(x, t.zip1, y), t, out[2], out[3]);
+}
+
+// vpermt2b indices that spread the bf16 bytes of 64 looked-up fp8 values (low bytes in the first
+// table, high bytes in the second) into the upper halves of fp32 words, in order: quarter v
+// takes values 16v .. 16v + 15 (the lower halves are zeroed by the mask kFp32UpperHalves).
+struct Fp8F32Spread {
+  alignas(64) std::uint8_t quarter[4][64];
+  Fp8F32Spread() {
+    for (int v = 0; v < 4; ++v) {
+      for (int j = 0; j < 16; ++j) {
+        quarter[v][4 * j] = 0;
+        quarter[v][4 * j + 1] = 0;
+        quarter[v][4 * j + 2] = static_cast<std::uint8_t>(16 * v + j);
+        quarter[v][4 * j + 3] = static_cast<std::uint8_t>(64 + 16 * v + j);
+      }
+    }
+  }
+};
+
+// Bytes 2 and 3 of every 32-bit word.
+constexpr __mmask64 kFp32UpperHalves = 0xCCCCCCCCCCCCCCCCull;
+
+// The exact fp32 values of 64 fp8 codes, in order (out[v]: codes 16v .. 16v + 15): the two table
+// lookups of lookup_bf16, then one masked vpermt2b per vector.
+GMM_TARGET_VBMI_WIDEN inline void widen_fp8_f32(__m512i codes, const Fp8Widener& t,
+                                                const __m512i (&spread)[4], __m512 (&out)[4]) {
+  const __m512i high =
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
+                                _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+  const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    out[v] =
+        _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(kFp32UpperHalves, low, spread[v], high));
+  }
+}
+
+// Packs 64-lane fp32 B panels from an unquantized fp8 source whose lanes are contiguous ([K, N]
+// weights, the AVX-512F kit on CPUs with AVX512_VBMI): each contraction row's 64 lanes of a panel
+// are widened by widen_fp8_f32 (about 7 instructions where fp8_to_f32 takes about 50; the
+// arithmetic widening was 4.6% of the compute-bound fp8 forward on Ice Lake, 2 threads) and
+// stored as the panel's step. Steps in blocks of kPackStepBlock, as pack_b_pairs_lanes takes them.
+template <DType kFp8>
+GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_lanes(const PanelSource& src, std::int64_t lane0,
+                                                std::int64_t lanes, std::int64_t k0,
+                                                std::int64_t kc, float* out) {
+  constexpr std::int64_t kWidth = 64;
+  static const Fp8F32Spread spread_table;
+  const Fp8Widener widener = fp8_widener<kFp8>();
+  __m512i spread[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) spread[v] = _mm512_load_si512(spread_table.quarter[v]);
+  const std::int64_t panels = (lanes + kWidth - 1) / kWidth;
+  const auto* data = static_cast<const std::uint8_t*>(src.data) + lane0;
+  for (std::int64_t s0 = 0; s0 < kc; s0 += kPackStepBlock) {
+    const std::int64_t s1 = std::min(kc, s0 + kPackStepBlock);
+    const std::int64_t ahead0 = k0 + s0 + kPackStepBlock;
+    const std::int64_t ahead1 = std::min(k0 + kc, ahead0 + kPackStepBlock);
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const __mmask64 live = first_bytes(lanes - kWidth * p);
+      for (std::int64_t row = ahead0; row < ahead1; ++row) {  // the next block's rows
+        _mm_prefetch(reinterpret_cast<const char*>(data + row * src.k_stride + kWidth * p),
+                     _MM_HINT_T0);
+      }
+      for (std::int64_t s = s0; s < s1; ++s) {
+        __m512 values[4];
+        widen_fp8_f32(_mm512_maskz_loadu_epi8(live, data + (k0 + s) * src.k_stride + kWidth * p),
+                      widener, spread, values);
+        float* dst = out + (p * kc + s) * kWidth;
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) _mm512_storeu_ps(dst + 16 * v, values[v]);
+      }
+    }
+  }
+}
+
+// Transposes, within each 128-bit lane, the 16 x 16 bytes of 16 rows: out[j] holds in lane c
+// byte j of lane c of every row, rows in order (four stages of in-lane unpacks, 64 in all).
+GMM_TARGET_VBMI_WIDEN inline void transpose_bytes16(const __m512i (&rows)[16], __m512i (&out)[16]) {
+  __m512i pairs[16];  // row pair p: bytes 0..7 (2p), 8..15 (2p + 1)
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) {
+    pairs[2 * p] = _mm512_unpacklo_epi8(rows[2 * p], rows[2 * p + 1]);
+    pairs[2 * p + 1] = _mm512_unpackhi_epi8(rows[2 * p], rows[2 * p + 1]);
+  }
+  __m512i quads[16];  // rows 4q .. 4q + 3, bytes 4g .. 4g + 3: quads[4q + g]
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i x = pairs[4 * q + h], y = pairs[4 * q + 2 + h];
+      quads[4 * q + 2 * h] = _mm512_unpacklo_epi16(x, y);
+      quads[4 * q + 2 * h + 1] = _mm512_unpackhi_epi16(x, y);
+    }
+  }
+  __m512i octets[16];  // rows 8o .. 8o + 7, bytes 2b, 2b + 1: octets[8o + b]
+#pragma GCC unroll 2
+  for (int o = 0; o < 2; ++o) {
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      const __m512i x = quads[8 * o + g], y = quads[8 * o + 4 + g];
+      octets[8 * o + 2 * g] = _mm512_unpacklo_epi32(x, y);
+      octets[8 * o + 2 * g + 1] = _mm512_unpackhi_epi32(x, y);
+    }
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < 8; ++b) {
+    out[2 * b] = _mm512_unpacklo_epi64(octets[b], octets[8 + b]);
+    out[2 * b + 1] = _mm512_unpackhi_epi64(octets[b], octets[8 + b]);
+  }
+}
+
+// Packs 64-lane fp32 B panels from an unquantized fp8 source whose contraction runs are
+// contiguous ([K, N] weights read transposed, dlhs; the AVX-512F kit on CPUs with AVX512_VBMI):
+// per 16 lanes and 64 contraction indices, one 64-byte load per lane, an in-lane byte transpose
+// (transpose_bytes16) and widen_fp8_f32 give the 64 steps of the 16 lanes (about a quarter of the
+// instructions of the generic packer's arithmetic widening and fp32 transposes, which were 6% of
+// the compute-bound fp8 dlhs on Ice Lake, 2 threads).
+template <DType kFp8>
+GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_runs(const PanelSource& src, std::int64_t lane0,
+                                               std::int64_t lanes, std::int64_t k0, std::int64_t kc,
+                                               float* out) {
+  constexpr std::int64_t kWidth = 64;
+  static const Fp8F32Spread spread_table;
+  const Fp8Widener widener = fp8_widener<kFp8>();
+  __m512i spread[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) spread[v] = _mm512_load_si512(spread_table.quarter[v]);
+  const std::int64_t panel_lanes = (lanes + kWidth - 1) / kWidth * kWidth;
+  const std::int64_t stride = src.lane_stride;
+  const auto* data = static_cast<const std::uint8_t*>(src.data) + lane0 * stride + k0;
+  for (std::int64_t lane = 0; lane < panel_lanes; lane += 16) {
+    float* panel = out + (lane / kWidth) * kc * kWidth + lane % kWidth;
+    const std::int64_t next_rows = std::clamp<std::int64_t>(lanes - lane - 16, 0, 16);
+    for (std::int64_t k = 0; k < kc; k += 64) {
+      const __mmask64 valid = first_bytes(kc - k);
+      __m512i rows[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        rows[i] =
+            _mm512_maskz_loadu_epi8(lane + i < lanes ? valid : 0, data + (lane + i) * stride + k);
+      }
+      // the next 16 lanes' lines of this block (each lane's run is a row of its own page, which
+      // the hardware prefetchers do not follow)
+      for (std::int64_t i = 0; i < next_rows; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(data + (lane + 16 + i) * stride + k),
+                     _MM_HINT_T0);
+      }
+      __m512i steps[16];  // steps[j], lane c: the 16 lanes' codes of contraction k + 16c + j
+      transpose_bytes16(rows, steps);
+      for (int j = 0; j < 16; ++j) {
+        __m512 values[4];
+        widen_fp8_f32(steps[j], widener, spread, values);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const std::int64_t step = k + 16 * v + j;
+          if (step < kc) _mm512_storeu_ps(panel + step * kWidth, values[v]);
+        }
+      }
+    }
+  }
+}
+
+// The fp8 packers of the AVX-512F kit (64-lane panels) for one fp8 type: true when the source's
+// layout is one they take.
+template <DType kFp8>
+bool pack_b_f32_fp8(const PanelSource& src, std::int64_t lane0, std::int64_t lanes, std::int64_t k0,
+                    std::int64_t kc, float* out) {
+  if (src.lane_stride == 1) {
+    pack_b_f32_fp8_lanes<kFp8>(src, lane0, lanes, k0, kc, out);
+    return true;
+  }
+  if (src.k_stride == 1) {
+    pack_b_f32_fp8_runs<kFp8>(src, lane0, lanes, k0, kc, out);
+    return true;
+  }
+  return false;
+}
+
+// The B packer of the AVX-512F kit: on CPUs with AVX512_VBMI, unquantized fp8 with contiguous
+// lanes or contraction runs goes to pack_b_f32_fp8_lanes or pack_b_f32_fp8_runs; everything else
+// to the generic AVX-512 packer. The panels are the same bits either way.
+inline void pack_b_f32(const PanelSource& src, int width, std::int64_t lane0, std::int64_t lanes,
+                       std::int64_t k0, std::int64_t kc, const float* lane_scales, void* out) {
+  if (cpu_features().avx512vbmi && !src.quantize && width == 64) {
+    auto* panels = static_cast<float*>(out);
+    if (src.dtype == DType::float8_e4m3fn &&
+        pack_b_f32_fp8<DType::float8_e4m3fn>(src, lane0, lanes, k0, kc, panels)) {
+      return;
+    }
+    if (src.dtype == DType::float8_e5m2 &&
+        pack_b_f32_fp8<DType::float8_e5m2>(src, lane0, lanes, k0, kc, panels)) {
+      return;
+    }
+  }
+  pack_avx512<PackedElement::f32, PanelOrder::step_major>(src, width, lane0, lanes, k0, kc,
+                                                          lane_scales, out);
 }
 
 // The sources the pair packers take straight to bf16 pairs: fp8 (widened by the tables) and bf16.
