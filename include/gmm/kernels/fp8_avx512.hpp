@@ -77,15 +77,21 @@ GMM_TARGET_VBMI_WIDEN inline Fp8Widener fp8_widener() {
           _mm512_load_si512(zip.runs[0]), _mm512_load_si512(zip.runs[1])};
 }
 
-// The bf16 words of 64 fp8 codes: two 128-entry lookups (vpermi2b, the sign bit merged back by
-// one ternary logic op), then the words of bytes 0..7 of each 128-bit lane (first) and of bytes
-// 8..15 (second).
+// The high and low bytes of the bf16 bits of 64 fp8 codes: two 128-entry lookups (vpermi2b, the
+// sign bit merged back into the high bytes by one ternary logic op).
+GMM_TARGET_VBMI_WIDEN inline void lookup_bf16_bytes(__m512i codes, const Fp8Widener& t,
+                                                    __m512i& high, __m512i& low) {
+  high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
+                                   _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+  low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+}
+
+// The bf16 words of 64 fp8 codes (lookup_bf16_bytes): the words of bytes 0..7 of each 128-bit
+// lane (first) and of bytes 8..15 (second).
 GMM_TARGET_VBMI_WIDEN inline void lookup_bf16(__m512i codes, const Fp8Widener& t, __m512i& first,
                                               __m512i& second) {
-  const __m512i high =
-      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
-                                _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
-  const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+  __m512i high, low;
+  lookup_bf16_bytes(codes, t, high, low);
   first = _mm512_unpacklo_epi8(low, high);
   second = _mm512_unpackhi_epi8(low, high);
 }
@@ -127,18 +133,32 @@ struct Fp8F32Spread {
 // Bytes 2 and 3 of every 32-bit word.
 constexpr __mmask64 kFp32UpperHalves = 0xCCCCCCCCCCCCCCCCull;
 
+// The registers of widen_fp8_f32: the lookup tables and the four spreads.
+struct Fp8F32Widener {
+  Fp8Widener tables;
+  __m512i spread[4];
+};
+
+// The registers of widen_fp8_f32 for one fp8 type.
+template <DType kFp8>
+GMM_TARGET_VBMI_WIDEN inline Fp8F32Widener fp8_f32_widener() {
+  static const Fp8F32Spread spread;
+  Fp8F32Widener w{fp8_widener<kFp8>(), {}};
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) w.spread[v] = _mm512_load_si512(spread.quarter[v]);
+  return w;
+}
+
 // The exact fp32 values of 64 fp8 codes, in order (out[v]: codes 16v .. 16v + 15): the two table
-// lookups of lookup_bf16, then one masked vpermt2b per vector.
-GMM_TARGET_VBMI_WIDEN inline void widen_fp8_f32(__m512i codes, const Fp8Widener& t,
-                                                const __m512i (&spread)[4], __m512 (&out)[4]) {
-  const __m512i high =
-      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, codes, t.high1), codes,
-                                _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
-  const __m512i low = _mm512_permutex2var_epi8(t.low0, codes, t.low1);
+// lookups of lookup_bf16_bytes, then one masked vpermt2b per vector.
+GMM_TARGET_VBMI_WIDEN inline void widen_fp8_f32(__m512i codes, const Fp8F32Widener& w,
+                                                __m512 (&out)[4]) {
+  __m512i high, low;
+  lookup_bf16_bytes(codes, w.tables, high, low);
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
-    out[v] =
-        _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(kFp32UpperHalves, low, spread[v], high));
+    out[v] = _mm512_castsi512_ps(
+        _mm512_maskz_permutex2var_epi8(kFp32UpperHalves, low, w.spread[v], high));
   }
 }
 
@@ -152,11 +172,7 @@ GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_lanes(const PanelSource& src, std::int
                                                 std::int64_t lanes, std::int64_t k0,
                                                 std::int64_t kc, float* out) {
   constexpr std::int64_t kWidth = 64;
-  static const Fp8F32Spread spread_table;
-  const Fp8Widener widener = fp8_widener<kFp8>();
-  __m512i spread[4];
-#pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) spread[v] = _mm512_load_si512(spread_table.quarter[v]);
+  const Fp8F32Widener widener = fp8_f32_widener<kFp8>();
   const std::int64_t panels = (lanes + kWidth - 1) / kWidth;
   const auto* data = static_cast<const std::uint8_t*>(src.data) + lane0;
   for (std::int64_t s0 = 0; s0 < kc; s0 += kPackStepBlock) {
@@ -172,7 +188,7 @@ GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_lanes(const PanelSource& src, std::int
       for (std::int64_t s = s0; s < s1; ++s) {
         __m512 values[4];
         widen_fp8_f32(_mm512_maskz_loadu_epi8(live, data + (k0 + s) * src.k_stride + kWidth * p),
-                      widener, spread, values);
+                      widener, values);
         float* dst = out + (p * kc + s) * kWidth;
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) _mm512_storeu_ps(dst + 16 * v, values[v]);
@@ -181,40 +197,39 @@ GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_lanes(const PanelSource& src, std::int
   }
 }
 
+// One stage of transpose_bytes16: elements of kBits bits of the rows kBits / 8 apart interleaved,
+// low halves of each 128-bit lane into out[2i], high halves into out[2i + 1].
+template <int kBits>
+GMM_TARGET_VBMI_WIDEN inline void interleave_stage(const __m512i (&in)[16], __m512i (&out)[16]) {
+  constexpr int kDistance = kBits / 8;
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    const int x = i / kDistance * 2 * kDistance + i % kDistance;
+    const __m512i a = in[x], b = in[x + kDistance];
+    if constexpr (kBits == 8) {
+      out[2 * i] = _mm512_unpacklo_epi8(a, b);
+      out[2 * i + 1] = _mm512_unpackhi_epi8(a, b);
+    } else if constexpr (kBits == 16) {
+      out[2 * i] = _mm512_unpacklo_epi16(a, b);
+      out[2 * i + 1] = _mm512_unpackhi_epi16(a, b);
+    } else if constexpr (kBits == 32) {
+      out[2 * i] = _mm512_unpacklo_epi32(a, b);
+      out[2 * i + 1] = _mm512_unpackhi_epi32(a, b);
+    } else {
+      out[2 * i] = _mm512_unpacklo_epi64(a, b);
+      out[2 * i + 1] = _mm512_unpackhi_epi64(a, b);
+    }
+  }
+}
+
 // Transposes, within each 128-bit lane, the 16 x 16 bytes of 16 rows: out[j] holds in lane c
-// byte j of lane c of every row, rows in order (four stages of in-lane unpacks, 64 in all).
+// byte j of lane c of every row, rows in order (four interleave stages, 64 in-lane unpacks).
 GMM_TARGET_VBMI_WIDEN inline void transpose_bytes16(const __m512i (&rows)[16], __m512i (&out)[16]) {
-  __m512i pairs[16];  // row pair p: bytes 0..7 (2p), 8..15 (2p + 1)
-#pragma GCC unroll 8
-  for (int p = 0; p < 8; ++p) {
-    pairs[2 * p] = _mm512_unpacklo_epi8(rows[2 * p], rows[2 * p + 1]);
-    pairs[2 * p + 1] = _mm512_unpackhi_epi8(rows[2 * p], rows[2 * p + 1]);
-  }
-  __m512i quads[16];  // rows 4q .. 4q + 3, bytes 4g .. 4g + 3: quads[4q + g]
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) {
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m512i x = pairs[4 * q + h], y = pairs[4 * q + 2 + h];
-      quads[4 * q + 2 * h] = _mm512_unpacklo_epi16(x, y);
-      quads[4 * q + 2 * h + 1] = _mm512_unpackhi_epi16(x, y);
-    }
-  }
-  __m512i octets[16];  // rows 8o .. 8o + 7, bytes 2b, 2b + 1: octets[8o + b]
-#pragma GCC unroll 2
-  for (int o = 0; o < 2; ++o) {
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-      const __m512i x = quads[8 * o + g], y = quads[8 * o + 4 + g];
-      octets[8 * o + 2 * g] = _mm512_unpacklo_epi32(x, y);
-      octets[8 * o + 2 * g + 1] = _mm512_unpackhi_epi32(x, y);
-    }
-  }
-#pragma GCC unroll 8
-  for (int b = 0; b < 8; ++b) {
-    out[2 * b] = _mm512_unpacklo_epi64(octets[b], octets[8 + b]);
-    out[2 * b + 1] = _mm512_unpackhi_epi64(octets[b], octets[8 + b]);
-  }
+  __m512i pairs[16], quads[16], octets[16];
+  interleave_stage<8>(rows, pairs);
+  interleave_stage<16>(pairs, quads);
+  interleave_stage<32>(quads, octets);
+  interleave_stage<64>(octets, out);
 }
 
 // Packs 64-lane fp32 B panels from an unquantized fp8 source whose contraction runs are
@@ -228,11 +243,7 @@ GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_runs(const PanelSource& src, std::int6
                                                std::int64_t lanes, std::int64_t k0, std::int64_t kc,
                                                float* out) {
   constexpr std::int64_t kWidth = 64;
-  static const Fp8F32Spread spread_table;
-  const Fp8Widener widener = fp8_widener<kFp8>();
-  __m512i spread[4];
-#pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) spread[v] = _mm512_load_si512(spread_table.quarter[v]);
+  const Fp8F32Widener widener = fp8_f32_widener<kFp8>();
   const std::int64_t panel_lanes = (lanes + kWidth - 1) / kWidth * kWidth;
   const std::int64_t stride = src.lane_stride;
   const auto* data = static_cast<const std::uint8_t*>(src.data) + lane0 * stride + k0;
@@ -257,7 +268,7 @@ GMM_TARGET_VBMI_WIDEN void pack_b_f32_fp8_runs(const PanelSource& src, std::int6
       transpose_bytes16(rows, steps);
       for (int j = 0; j < 16; ++j) {
         __m512 values[4];
-        widen_fp8_f32(steps[j], widener, spread, values);
+        widen_fp8_f32(steps[j], widener, values);
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           const std::int64_t step = k + 16 * v + j;
