@@ -435,20 +435,20 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
       const std::int64_t steps = f.steps(kc);
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
       const float* a_scales = ws.a_scales.data() + c * rows_padded;
+      const std::int64_t tiles = ldc / f.nr;
+      const std::int64_t a_panel_lines =
+          round_up(static_cast<std::int64_t>(a_panel), kernels::kCacheLineBytes) /
+          kernels::kCacheLineBytes;
       for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
         const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
-        // The next panel, from memory, is fetched into L2 a share of its lines before each tile
-        // (all at once, they stalled on the core's fill buffers: 4% of the compute-bound fp8
+        // The next panel, from memory, goes into L2 a share of its lines with each tile (all at
+        // once, the prefetches stalled on the core's fill buffers: 4% of the compute-bound fp8
         // forward on Ice Lake, 1 thread).
-        const std::int64_t panel_bytes = static_cast<std::int64_t>(a_panel);
-        const std::int64_t prefetch_end = whole_a && ir + f.mr < rows_padded ? panel_bytes : 0;
-        const std::int64_t prefetch_per_tile =
-            round_up(panel_bytes / (ldc / f.nr) + 1, kernels::kCacheLineBytes);
-        std::int64_t prefetched = 0;
-        const auto prefetch_next_panel = [&](std::int64_t up_to) {
-          for (; prefetched < std::min(up_to, prefetch_end);
-               prefetched += kernels::kCacheLineBytes) {
-            kernels::prefetch_line_l2(a_rows + a_panel + prefetched);
+        const std::int64_t next_lines = whole_a && ir + f.mr < rows_padded ? a_panel_lines : 0;
+        const auto prefetch_next_panel = [&](std::int64_t tile0, std::int64_t tile1) {
+          for (std::int64_t line = next_lines * tile0 / tiles; line < next_lines * tile1 / tiles;
+               ++line) {
+            kernels::prefetch_line_l2(a_rows + a_panel + line * kernels::kCacheLineBytes);
           }
         };
         float* c_rows_of_panel = c_panel(ir, ldc);
@@ -457,7 +457,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
         // whole tiles of a one-chunk product past the caches go straight to the output
         const std::int64_t out_cols = output_tiles && !few ? cols / f.nr * f.nr : 0;
         if (out_cols > 0) {
-          prefetch_next_panel(panel_bytes);
+          prefetch_next_panel(0, out_cols / f.nr);
           p.kit.output_kernel(steps, a_rows, ws.b_packed.data(), b_panel, out_cols / f.nr,
                               static_cast<unsigned char*>(job.out) +
                                   ((t.a0 + ir) * p.out_row_stride + b0) * element,
@@ -465,7 +465,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
                               valid_rows);
         }
         for (std::int64_t jr = out_cols; jr < ldc; jr += f.nr) {
-          prefetch_next_panel(prefetched + prefetch_per_tile);
+          prefetch_next_panel(jr / f.nr, jr / f.nr + 1);
           (few ? p.kit.few_rows_kernel : p.kit.kernel)(
               steps, a_rows, ws.b_packed.data() + (jr / f.nr) * b_panel, c_rows_of_panel + jr, ldc,
               a_scales + ir, ws.b_scales.data() + jr, c == 0, valid_rows);
