@@ -95,7 +95,8 @@ void run_onednn(benchmark::State& state, const Case& c) {
       for (const GroupCall& call : calls) call.primitive.execute(stream, call.args);
       stream.wait();
     });
-    set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0);
+    set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0,
+                 run_config().threads);
     state.SetLabel(impl);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());

@@ -40,7 +40,8 @@ void run_openblas(benchmark::State& state, const Case& c) {
   const LoopTime time = time_calls(state, w, [&] {
     sgemm_grouped(c.pass, w, ops.lhs->as<float>(), ops.rhs->as<float>(), ops.out->as<float>());
   });
-  set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0);
+  set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0,
+               run_config().threads);
   // OpenBLAS workers spin for a while after a call; let them sleep before the next benchmark.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }

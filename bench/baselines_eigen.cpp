@@ -68,7 +68,8 @@ void run_eigen(benchmark::State& state, const Case& c) {
     eigen_grouped(c.pass, w, ops.lhs->as<float>(), ops.rhs->as<float>(), ops.out->as<float>());
   });
   Eigen::setNbThreads(1);
-  set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0);
+  set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), 0,
+               run_config().threads);
 }
 
 // Scale block of an activation quantized like the recipe, with the contraction along its rows
@@ -109,7 +110,7 @@ void run_naive_fp8(benchmark::State& state, const Case& c) {
                       product->as<float>());
       });
       extra += static_cast<std::int64_t>(xf->bytes + dyf->bytes + product->bytes);
-      set_counters(state, c, w, time, weight_bytes(c, w, *out), extra);
+      set_counters(state, c, w, time, weight_bytes(c, w, *out), extra, run_config().threads);
     } else {
       const bool fwd = c.pass == Pass::fwd;
       const OperandPtr lhs =
@@ -127,7 +128,7 @@ void run_naive_fp8(benchmark::State& state, const Case& c) {
                       product->as<float>());
       });
       extra += static_cast<std::int64_t>(lhsf->bytes + weightsf->bytes + product->bytes);
-      set_counters(state, c, w, time, weight_bytes(c, w, *weights), extra);
+      set_counters(state, c, w, time, weight_bytes(c, w, *weights), extra, run_config().threads);
     }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());

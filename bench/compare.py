@@ -7,7 +7,8 @@
 
 Rows are shape x recipe, columns the gmm families and the baselines; a family's cell is its
 GFLOP/s and its ratio to the row's best baseline (the baselines of the same recipe; for the fp8
-recipes, the naive fp8 path and oneDNN bf16, the unquantized alternative). Optional tool: tests
+recipes, the naive fp8 path and oneDNN bf16, the unquantized alternative). A last table puts v2
+against its one-thread column (v2-1thread) where the run has it. Optional tool: tests
 and CI do not need it. Standard library only, plus gnuplot for the chart.
 """
 import argparse
@@ -125,6 +126,21 @@ def summary(results, shapes):
     return "\n".join(lines)
 
 
+def scaling(results, shapes, threads):
+    """v2 on the run's threads against its one-thread column (v2-1thread), where both ran."""
+    head = ["pass", "recipe", "shape", "v2, 1 thread", "v2, %s threads" % threads, "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in PASSES:
+        for recipe in RECIPES:
+            for shape in shapes:
+                one = gflops(results, (p, "v2-1thread", recipe, shape))
+                many = gflops(results, (p, "v2", recipe, shape))
+                if one and many:
+                    lines.append("| %s | %s | %s | %s | %s | %.2fx |" %
+                                 (p, recipe, shape, fmt(one), fmt(many), many / one))
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
 def errors(results):
     seen = {}
     for key, b in results.items():
@@ -222,6 +238,11 @@ def main():
     for p in PASSES:
         print("\n### %s: GFLOP/s (ratio to the row's best baseline)\n" % p)
         print(table(results, shapes, p))
+    threads = context.get("gmm_threads", "?")
+    scaled = scaling(results, shapes, threads)
+    if scaled:
+        print("\n### v2 on %s threads over v2 on 1 thread (GFLOP/s)\n" % threads)
+        print(scaled)
     errs = errors(results)
     if errs:
         print("\nSkipped with an error:")

@@ -9,10 +9,12 @@
 namespace gmm_bench {
 namespace {
 
-// A family column of the report: a fixed family or a plan that picks one per pass.
+// A family column of the report: a fixed family or a plan that picks one per pass, on the run's
+// threads or on one (the thread-scaling column).
 struct FamilyColumn {
   std::string name;
   gmm::Plan plan;
+  bool one_thread = false;
 };
 
 // What the auto plan sees of a call: the rows per group owning rows, and the operands as the
@@ -30,11 +32,11 @@ std::string describe(const gmm::CallTrace& trace) {
                      trace.tiles.m, trace.tiles.k, trace.tiles.n);
 }
 
-void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan) {
+void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan, int threads) {
   Workload& w = workload(*c.shape);
   gmm::CallTrace trace;
   gmm::Options options;
-  options.threads = run_config().threads;
+  options.threads = threads;
   options.trace = &trace;
   const Shape& s = *c.shape;
   try {
@@ -61,7 +63,8 @@ void run_family(benchmark::State& state, const Case& c, const gmm::Plan& plan) {
         gmm::gmm(ops.lhs->matrix(), ops.rhs->grouped(), w.group_sizes(), ops.out->out(), options);
       });
     }
-    set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), trace.extra_bytes);
+    set_counters(state, c, w, time, weight_bytes(c, w, ops.weight_like(c.pass)), trace.extra_bytes,
+                 threads);
     if (!trace.op.empty()) state.SetLabel(describe(trace));
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -74,12 +77,19 @@ void register_families(const Case& c) {
   static const FamilyColumn columns[] = {{"v1", gmm::Plan::v1()},
                                          {"v2", gmm::Plan::v2()},
                                          {"hybrid", gmm::Plan::hybrid()},
-                                         {"auto", gmm::Plan::automatic()}};
+                                         {"auto", gmm::Plan::automatic()},
+                                         {"v2-1thread", gmm::Plan::v2(), true}};
+  // The cells of issue 4's thread-scaling target (v2 fwd and drhs, fp32 and fp8) also run on one
+  // thread, interleaved with the others, so that their ratio comes from one run.
+  const bool scaling_cell = run_config().threads > 1 && c.pass != Pass::dlhs &&
+                            (c.recipe == Recipe::fp32 || c.recipe == Recipe::fp8);
   for (const FamilyColumn& column : columns) {
+    if (column.one_thread && !scaling_cell) continue;
     const gmm::Plan plan = column.plan;
+    const int threads = column.one_thread ? 1 : run_config().threads;
     configure(benchmark::RegisterBenchmark(
         benchmark_name(c, column.name).c_str(),
-        [c, plan](benchmark::State& state) { run_family(state, c, plan); }));
+        [c, plan, threads](benchmark::State& state) { run_family(state, c, plan, threads); }));
   }
 }
 

@@ -43,10 +43,9 @@ double weight_bytes(const Case& c, const Workload& w, const Operand& weights) {
 }
 
 void set_counters(benchmark::State& state, const Case& c, const Workload& w, const LoopTime& time,
-                  double weight_bytes, std::int64_t extra_bytes) {
+                  double weight_bytes, std::int64_t extra_bytes, int threads) {
   using benchmark::Counter;
   if (time.iterations == 0 || time.seconds <= 0) return;
-  const int threads = run_config().threads;
   const double flops = case_flops(w);
   const double calls_per_second = static_cast<double>(time.iterations) / time.seconds;
   const double compute_peak = peaks().compute_peak(c.recipe, threads);

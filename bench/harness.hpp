@@ -43,9 +43,9 @@ struct LoopTime {
 // percent of the probed read bandwidth for fwd and dlhs, which read the weights, and of the
 // probed write bandwidth for drhs, which writes them), and extra_bytes (peak bytes allocated
 // beyond the outputs). `weight_bytes`: bytes of the [G, K, N] operand per call (read by fwd and
-// dlhs, written by drhs).
+// dlhs, written by drhs); `threads`: the call's, whose peaks the percentages are of.
 void set_counters(benchmark::State& state, const Case& c, const Workload& w, const LoopTime& time,
-                  double weight_bytes, std::int64_t extra_bytes);
+                  double weight_bytes, std::int64_t extra_bytes, int threads);
 
 // Bytes of the weights a call touches: the active experts' [K, N] blocks (and their scales).
 double weight_bytes(const Case& c, const Workload& w, const Operand& weights);
@@ -75,7 +75,8 @@ LoopTime time_calls(benchmark::State& state, const Workload& w, Call&& call) {
 // comes from --benchmark_min_time, which main sets unless given.)
 benchmark::internal::Benchmark* configure(benchmark::internal::Benchmark* b);
 
-// Registers the gmm families (v1, v2, hybrid, auto) of a case (gmm_families.cpp).
+// Registers the gmm families (v1, v2, hybrid, auto; v2-1thread on the thread-scaling cells) of a
+// case (gmm_families.cpp).
 void register_families(const Case& c);
 
 // Baselines: each registers its benchmarks for a case, when it applies to the recipe.
