@@ -8,8 +8,9 @@
 Rows are shape x recipe, columns the gmm families and the baselines; a family's cell is its
 GFLOP/s and its ratio to the row's best baseline (the baselines of the same recipe; for the fp8
 recipes, the naive fp8 path and oneDNN bf16, the unquantized alternative). A last table puts v2
-against its one-thread column (v2-1thread) where the run has it. Optional tool: tests
-and CI do not need it. Standard library only, plus gnuplot for the chart.
+against its one-thread column (v2-1thread) where the run has it; a first one puts the probes
+of the start of the run against their benchmarks interleaved with it (probe/...). With
+--benchmark_repetitions, each cell is its median. Optional tool: tests and CI do not need it. Standard library only, plus gnuplot for the chart.
 """
 import argparse
 import json
@@ -27,21 +28,50 @@ FP8_RECIPES = ["fp8", "fp8-block", "fp8-static"]
 
 
 def load(path):
-    """Returns (context, {(pass, family, recipe, shape): result dict})."""
+    """Returns (context, results, shapes, probes): results maps (pass, family, recipe, shape) and
+    probes (kind, dtype, threads) to a benchmark's result dict, its median over repetitions when
+    the run has them (the one repetition's result otherwise)."""
     with open(path) as f:
         data = json.load(f)
-    results, shapes = {}, []
+    runs, medians, shapes = {}, {}, []
     for b in data.get("benchmarks", []):
-        if b.get("run_type", "iteration") != "iteration":
+        aggregate = b.get("run_type", "iteration") == "aggregate"
+        if aggregate and b.get("aggregate_name") != "median":
             continue
         parts = b["name"].split("/")
         if len(parts) < 4:
             continue
         key = tuple(parts[:4])
-        results[key] = b
-        if key[3] not in shapes:
+        (medians if aggregate else runs)[key] = b
+        if key[0] != "probe" and key[3] not in shapes:
             shapes.append(key[3])
-    return data.get("context", {}), results, shapes
+    runs.update(medians)
+    results = {k: v for k, v in runs.items() if k[0] != "probe"}
+    probes = {k[1:]: v for k, v in runs.items() if k[0] == "probe"}
+    return data.get("context", {}), results, shapes, probes
+
+
+def probe_table(context, probes):
+    """The probes at the start of the run (best of a few passes) against their benchmarks
+    interleaved with it (medians when repeated)."""
+    kinds = [("fma", "fp32", "fp32", "GFLOP/s"), ("dot", "bf16", "bf16", "GFLOP/s"),
+             ("amx", "bf16", "amx_bf16", "GFLOP/s"), ("read", "fp32", "read", "GB/s"),
+             ("write", "fp32", "write", "GB/s")]
+    head = ["probe", "1 thread: start", "in the run", "2 threads: start", "in the run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, dtype, peak, unit in kinds:
+        cells = ["%s %s (%s)" % (kind, dtype, unit)]
+        found = False
+        for t, threads in ((1, "1thread"), (2, "2threads")):
+            start = context.get("peak_%s_%dt" % (peak, t), "")
+            b = probes.get((kind, dtype, threads))
+            value = None if b is None or b.get("error_occurred") else b.get(
+                "GFLOP" if unit == "GFLOP/s" else "GB")
+            found = found or value is not None
+            cells += [start.split()[0] if start else "", fmt(value) if value else ""]
+        if found:
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else None
 
 
 def gflops(results, key):
@@ -223,7 +253,7 @@ def main():
                        extra, check=True, stdout=sys.stderr)
     if not path:
         parser.error("give a JSON file or --run")
-    context, results, shapes = load(path)
+    context, results, shapes, probes = load(path)
     keys = ["date", "host_name", "num_cpus", "load_avg", "gmm_threads", "gmm_shapes",
             "gmm_compile_flags", "peak_fp32_1t", "peak_fp32_2t", "peak_bf16_1t", "peak_bf16_2t",
             "peak_amx_bf16_1t", "peak_amx_bf16_2t", "peak_read_1t", "peak_read_2t",
@@ -233,6 +263,10 @@ def main():
     for k in keys:
         if k in context:
             print("- %s: %s" % (k, context[k]))
+    probed = probe_table(context, probes)
+    if probed:
+        print("\n### Probes: at the start of the run and interleaved with it\n")
+        print(probed)
     print("\n### Geometric mean of v1 and v2 over the row's best baseline\n")
     print(summary(results, shapes))
     for p in PASSES:

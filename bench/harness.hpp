@@ -32,6 +32,12 @@ Peaks& peaks();
 // Measures the peaks (probes.cpp); `quick` uses shorter runs and a smaller buffer.
 Peaks probe_peaks(bool quick);
 
+// Registers the same probes as benchmarks, probe/KIND/DTYPE/1thread and 2threads (fma/fp32,
+// dot/bf16 and amx/bf16 where the CPU has them, read/fp32, write/fp32; GFLOP or GB counters).
+// Random interleaving spreads their repetitions over the run, so a cell's percentage of peak can
+// be taken against the machine of the same minutes: a VM's speed can drift by 2x during a run.
+void register_probes(bool quick);
+
 // Wall time of the timed loop of one benchmark run.
 struct LoopTime {
   double seconds = 0;

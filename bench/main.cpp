@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
   const bool quick = cl.shape_set == ShapeSet::quick;
   if (!listing) peaks() = probe_peaks(quick);
   add_context(cl);
+  register_probes(quick);
   register_all(cl.shape_set);
 
   const bool has_min_time = std::any_of(

@@ -9,8 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -198,36 +202,123 @@ double run_on_threads(int threads, Work&& work) {
 
 volatile float g_sink;
 
+// Work done by one run of a probe (flops or bytes) and its wall time.
+struct ProbeRun {
+  double work = 0;
+  double seconds = 0;
+  double rate() const { return seconds > 0 ? work / seconds : 0; }
+};
+
+// One run of a compute kernel on `threads` threads.
+template <typename Kernel>
+ProbeRun compute_run(Kernel kernel, int threads, std::int64_t rounds) {
+  std::vector<double> flops(threads);
+  ProbeRun run;
+  run.seconds = run_on_threads(threads, [&](int t) { g_sink = kernel(rounds, &flops[t]); });
+  for (double f : flops) run.work += f;
+  return run;
+}
+
 // Best of `repeats` runs of a compute kernel on `threads` threads, in flop/s.
 template <typename Kernel>
 double compute_peak(Kernel kernel, int threads, std::int64_t rounds, int repeats) {
   double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    std::vector<double> flops(threads);
-    const double seconds =
-        run_on_threads(threads, [&](int t) { g_sink = kernel(rounds, &flops[t]); });
-    double total = 0;
-    for (double f : flops) total += f;
-    best = std::max(best, total / seconds);
-  }
+  for (int r = 0; r < repeats; ++r)
+    best = std::max(best, compute_run(kernel, threads, rounds).rate());
   return best;
 }
+
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_bf16_dot() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
+bool has_amx_bf16() { return cpu_has_amx_bf16() && request_amx(); }
+
+// One streaming read of `count` floats, split among `threads` threads.
+ProbeRun read_run(const float* buffer, std::int64_t count, int threads) {
+  const std::int64_t share = count / threads;
+  const double seconds = run_on_threads(threads, [&](int t) {
+    const float* start = buffer + t * share;
+    g_sink = has_avx512()     ? read_avx512(start, share)
+             : has_avx2_fma() ? read_avx2(start, share)
+                              : read_scalar(start, share);
+  });
+  return {static_cast<double>(count) * sizeof(float), seconds};
+}
+
+// One non-temporal write of `count` floats, split among `threads` threads.
+ProbeRun write_run(float* buffer, std::int64_t count, int threads) {
+  const std::int64_t share = count / threads;
+  const double seconds = run_on_threads(threads, [&](int t) {
+    float* start = buffer + t * share;
+    if (has_avx512()) {
+      write_avx512(start, share);
+    } else if (has_avx2_fma()) {
+      write_avx2(start, share);
+    } else {
+      write_scalar(start, share);
+    }
+  });
+  return {static_cast<double>(count) * sizeof(float), seconds};
+}
+
+// Floats in the bandwidth probes' buffer: 1 GiB (256 MiB for --quick), far beyond the caches.
+std::int64_t probe_buffer_floats(bool quick) {
+  return (quick ? std::int64_t{64} : std::int64_t{256}) << 20;
+}
+
+// The bandwidth probes' buffer, every page written once; throws std::bad_alloc when it cannot be
+// had.
+struct ProbeBuffer {
+  explicit ProbeBuffer(std::int64_t floats)
+      : count(floats),
+        data(static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float))), &std::free) {
+    if (data == nullptr) throw std::bad_alloc();
+    for (std::int64_t i = 0; i < count; ++i) data.get()[i] = static_cast<float>(i & 1023);
+  }
+  std::int64_t count;
+  std::unique_ptr<float, decltype(&std::free)> data;
+};
+
+std::int64_t compute_rounds(bool quick) { return quick ? 2'000'000 : 20'000'000; }
+
+// A probe as a benchmark: make_probe() sets it up untimed (the bandwidth probes' buffer) and
+// returns the probe; each iteration is one run of it, and the counter (GFLOP or GB) its work over
+// the loop's wall time.
+template <typename MakeProbe>
+void register_probe(const std::string& name, const char* counter, MakeProbe make_probe) {
+  configure(benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+    try {
+      auto probe = make_probe();
+      double work = 0;
+      for (auto _ : state) work += probe().work;
+      state.counters[counter] = benchmark::Counter(work / 1e9, benchmark::Counter::kIsRate);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+    }
+  }));
+}
+
+// A compute probe's make_probe.
+template <typename Kernel>
+auto compute_probe(Kernel kernel, int threads, std::int64_t rounds) {
+  return [=] { return [=] { return compute_run(kernel, threads, rounds); }; };
+}
+
+std::string thread_suffix(int threads) { return threads == 1 ? "1thread" : "2threads"; }
 
 }  // namespace
 
 Peaks probe_peaks(bool quick) {
   Peaks p;
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
-  const bool amx = cpu_has_amx_bf16() && request_amx();
-  const std::int64_t rounds = quick ? 2'000'000 : 20'000'000;
+  const bool bf16 = has_bf16_dot();
+  const bool amx = has_amx_bf16();
+  const std::int64_t rounds = compute_rounds(quick);
   const int repeats = quick ? 1 : 3;
   for (int t = 1; t <= 2; ++t) {
-    if (avx512) {
+    if (has_avx512()) {
       p.fp32_flops[t - 1] = compute_peak(fma_avx512, t, rounds, repeats);
       p.fp32_isa = "avx512f vfmadd231ps";
-    } else if (avx2) {
+    } else if (has_avx2_fma()) {
       p.fp32_flops[t - 1] = compute_peak(fma_avx2, t, rounds, repeats);
       p.fp32_isa = "avx2 vfmadd231ps";
     }
@@ -238,39 +329,50 @@ Peaks probe_peaks(bool quick) {
     if (amx) p.amx_bf16_flops[t - 1] = compute_peak(dot_bf16_amx, t, rounds / 8, repeats);
   }
 
-  const std::int64_t count = (quick ? std::int64_t{64} : std::int64_t{256}) << 20;  // floats
-  float* buffer = static_cast<float*>(std::aligned_alloc(64, count * sizeof(float)));
-  if (buffer == nullptr) return p;
-  for (std::int64_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023);
-  // Best of repeats + 1 passes over the buffer, split among t threads, in bytes/s.
-  const auto bandwidth = [&](int t, auto&& pass) {
-    double best = 0;
-    for (int r = 0; r < repeats + 1; ++r) {
-      const std::int64_t share = count / t;
-      const double seconds =
-          run_on_threads(t, [&](int thread) { pass(buffer + thread * share, share); });
-      best = std::max(best, static_cast<double>(count) * sizeof(float) / seconds);
-    }
-    return best;
-  };
-  for (int t = 1; t <= 2; ++t) {
-    p.read_bytes[t - 1] = bandwidth(t, [&](const float* start, std::int64_t share) {
-      g_sink = avx512 ? read_avx512(start, share)
-               : avx2 ? read_avx2(start, share)
-                      : read_scalar(start, share);
-    });
-    p.write_bytes[t - 1] = bandwidth(t, [&](float* start, std::int64_t share) {
-      if (avx512) {
-        write_avx512(start, share);
-      } else if (avx2) {
-        write_avx2(start, share);
-      } else {
-        write_scalar(start, share);
+  try {
+    ProbeBuffer buffer(probe_buffer_floats(quick));
+    // Best of repeats + 1 passes over the buffer, in bytes/s.
+    for (int t = 1; t <= 2; ++t) {
+      for (int r = 0; r < repeats + 1; ++r) {
+        p.read_bytes[t - 1] =
+            std::max(p.read_bytes[t - 1], read_run(buffer.data.get(), buffer.count, t).rate());
+        p.write_bytes[t - 1] =
+            std::max(p.write_bytes[t - 1], write_run(buffer.data.get(), buffer.count, t).rate());
       }
+    }
+  } catch (const std::bad_alloc& e) {
+    std::fprintf(stderr, "gmm_bench: no bandwidth probes (%s): pct_bw is left out\n", e.what());
+  }
+  return p;
+}
+
+void register_probes(bool quick) {
+  const std::int64_t rounds = compute_rounds(quick);
+  const std::int64_t floats = probe_buffer_floats(quick);
+  for (int t = 1; t <= 2; ++t) {
+    const std::string threads = thread_suffix(t);
+    if (has_avx512()) {
+      register_probe("probe/fma/fp32/" + threads, "GFLOP", compute_probe(fma_avx512, t, rounds));
+    } else if (has_avx2_fma()) {
+      register_probe("probe/fma/fp32/" + threads, "GFLOP", compute_probe(fma_avx2, t, rounds));
+    }
+    if (has_bf16_dot()) {
+      register_probe("probe/dot/bf16/" + threads, "GFLOP",
+                     compute_probe(dot_bf16_avx512, t, rounds));
+    }
+    if (has_amx_bf16()) {
+      register_probe("probe/amx/bf16/" + threads, "GFLOP",
+                     compute_probe(dot_bf16_amx, t, rounds / 8));
+    }
+    register_probe("probe/read/fp32/" + threads, "GB", [=] {
+      auto buffer = std::make_shared<ProbeBuffer>(floats);
+      return [=] { return read_run(buffer->data.get(), buffer->count, t); };
+    });
+    register_probe("probe/write/fp32/" + threads, "GB", [=] {
+      auto buffer = std::make_shared<ProbeBuffer>(floats);
+      return [=] { return write_run(buffer->data.get(), buffer->count, t); };
     });
   }
-  std::free(buffer);
-  return p;
 }
 
 }  // namespace gmm_bench
