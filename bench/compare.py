@@ -171,6 +171,17 @@ def scaling(results, shapes, threads):
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+def machine_scaling(probes):
+    """The probes' 2-thread over 1-thread ratios (what a VM's second core gives during the run)."""
+    found = []
+    for kind, dtype, counter in (("fma", "fp32", "GFLOP"), ("read", "fp32", "GB"),
+                                 ("write", "fp32", "GB")):
+        one, two = (probes.get((kind, dtype, t)) for t in ("1thread", "2threads"))
+        if one and two and one.get(counter) and two.get(counter):
+            found.append("%s %s %.2fx" % (kind, dtype, two[counter] / one[counter]))
+    return ", ".join(found)
+
+
 def errors(results):
     seen = {}
     for key, b in results.items():
@@ -277,6 +288,10 @@ def main():
     if scaled:
         print("\n### v2 on %s threads over v2 on 1 thread (GFLOP/s)\n" % threads)
         print(scaled)
+        probe_scaling = machine_scaling(probes)
+        if probe_scaling:
+            print("\nThe machine's own scaling, 2 threads over 1 in the probes of the run: " +
+                  probe_scaling + ".")
     errs = errors(results)
     if errs:
         print("\nSkipped with an error:")
