@@ -10,7 +10,8 @@ GFLOP/s and its ratio to the row's best baseline (the baselines of the same reci
 recipes, the naive fp8 path and oneDNN bf16, the unquantized alternative). A last table puts v2
 against its one-thread column (v2-1thread) where the run has it; a first one puts the probes
 of the start of the run against their benchmarks interleaved with it (probe/...). With
---benchmark_repetitions, each cell is its median. Optional tool: tests and CI do not need it. Standard library only, plus gnuplot for the chart.
+--benchmark_repetitions, each cell is its median. Optional tool: tests and CI do not need it.
+Standard library only, plus gnuplot for the chart.
 """
 import argparse
 import json
