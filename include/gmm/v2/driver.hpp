@@ -244,11 +244,21 @@ inline bool streams(const Product& p, const Job& job, std::int64_t rows) {
          !job.b.source.quantize;
 }
 
-// The longest contraction chunk of a task of `rows` rows whose B is packed (see run_task).
-inline std::int64_t packed_chunk(const Product& p, std::int64_t rows) {
+// True when a packed task of `rows` rows of `job` takes all its columns at once (run_task): a
+// few rows, and B with contiguous lanes ([K, N] weights, read whole rows at a time). B with
+// contiguous contraction runs (transposed weights) is blocked as for more rows: over all its
+// columns, the chunk that keeps the B block in L2 held a few bytes of each run (dsv3-up's dlhs on
+// the AMX kit: 32 of 1024, half a line each time, and that packer took 48% of the samples).
+inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t rows) {
+  return rows <= p.kit.few_rows && job.b.source.k_stride != 1;
+}
+
+// The longest contraction chunk of a task whose B is packed: tiles.k, or for a task that takes
+// all its columns (takes_all_columns) no longer than keeps the B block of all of them in L2.
+inline std::int64_t packed_chunk(const Product& p, bool all_columns) {
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
-  if (rows > p.kit.few_rows) return std::max<std::int64_t>(1, p.tiles.k);
+  if (!all_columns) return std::max<std::int64_t>(1, p.tiles.k);
   const std::int64_t skinny_kc =
       kWideBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
   return std::max(quantum, std::min(p.tiles.k, skinny_kc) / quantum * quantum);
@@ -281,8 +291,8 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t rows = t.a1 - t.a0, cols = t.n1 - t.n0;
   const bool runs = job.b.source.k_stride == 1;
-  const std::int64_t chunk_count =
-      fill_chunks(p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, rows), ws);
+  const std::int64_t chunk_count = fill_chunks(
+      p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, rows <= p.kit.few_rows), ws);
   const std::int64_t slots = runs ? chunk_count : 1;  // chunks per kernel call
 
   ws.a_scales.resize(static_cast<std::size_t>(chunk_count * rows));
@@ -344,11 +354,12 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
   // A task of a few rows (packed when the kit has no streaming kernel or B is quantized here)
-  // reads its weights once: it takes all its columns at once (whole rows of [K, N] weights are
-  // read in order) with a chunk short enough to keep the B block in L2 (packed_chunk).
-  const bool skinny = rows <= p.kit.few_rows;
+  // reads [K, N] weights once: it takes all its columns at once (whole rows of the weights are
+  // read in order) with a chunk short enough to keep the B block in L2 (takes_all_columns,
+  // packed_chunk).
+  const bool skinny = takes_all_columns(p, job, rows);
   std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
-  std::int64_t max_kc = packed_chunk(p, rows);
+  std::int64_t max_kc = packed_chunk(p, skinny);
   // B with contiguous contraction runs: a longer chunk, up to the kit's (KernelKit::runs_chunk),
   // over proportionally fewer columns, but no fewer than the task's rows: the A block is read
   // again for every block of columns, and reading it more often than B cost more than the longer
