@@ -292,7 +292,8 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const std::int64_t rows = t.a1 - t.a0, cols = t.n1 - t.n0;
   const bool runs = job.b.source.k_stride == 1;
   const std::int64_t chunk_count = fill_chunks(
-      p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, rows <= p.kit.few_rows), ws);
+      p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, takes_all_columns(p, job, rows)),
+      ws);
   const std::int64_t slots = runs ? chunk_count : 1;  // chunks per kernel call
 
   ws.a_scales.resize(static_cast<std::size_t>(chunk_count * rows));
