@@ -83,32 +83,34 @@ GMM_TARGET_AVX512 inline __m512 load16_strided(const void* base, std::int64_t in
 }
 
 // Rounds fp32 values (already clipped to the format's range) to the nearest fp8 value, ties to
-// even, subnormals included, exactly as core/fp8.hpp's encoder followed by a decode.
+// even, subnormals included, exactly as core/fp8.hpp's encoder followed by a decode: normal
+// values add half an ulp minus one plus their lowest kept bit to their bits and truncate (the sign
+// bit is never reached below the clip); subnormal ones are rounded to a multiple of the smallest
+// subnormal by vrndscaleps (which keeps the sign of zero). Identical to the former sign-and-
+// magnitude form (16 operations against 11 here) on all 2^32 inputs after the clip.
 template <QType kQ>
 GMM_TARGET_AVX512 inline __m512 round_to_fp8(__m512 q) {
   constexpr bool e4m3 = kQ == QType::float8_e4m3fn;
   constexpr int shift = e4m3 ? 20 : 21;
   const __m512i bits = _mm512_castps_si512(q);
-  const __m512i sign = _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
-  // normal range: add half an ulp minus one plus the lowest kept bit, truncate
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, shift), _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, shift), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_andnot_si512(
       _mm512_set1_epi32((1 << shift) - 1),
-      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (shift - 1)) - 1)), odd));
-  // subnormal range: count units of the smallest subnormal, round with the 2^23 trick
-  const float units_per_one = e4m3 ? 0x1p9f : 0x1p16f;
-  const __m512 units = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(units_per_one));
-  const __m512 code =
-      _mm512_sub_ps(_mm512_add_ps(units, _mm512_set1_ps(8388608.0f)), _mm512_set1_ps(8388608.0f));
-  const __m512 subnormal = _mm512_mul_ps(code, _mm512_set1_ps(1.0f / units_per_one));
+      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32((1 << (shift - 1)) - 1)), odd));
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512 subnormal;
+  if constexpr (e4m3) {  // multiples of 2^-9
+    subnormal = _mm512_roundscale_ps(q, (9 << 4) | kNearest);
+  } else {  // multiples of 2^-16: vrndscaleps keeps at most 15 fraction bits, so of 2q, 2^-15
+    subnormal = _mm512_mul_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(q, _mm512_set1_ps(2.0f)), (15 << 4) | kNearest),
+        _mm512_set1_ps(0.5f));
+  }
   const __mmask16 normal =
-      _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(e4m3 ? 0x3C800000 : 0x38800000));
-  const __m512i magnitude = _mm512_mask_mov_epi32(_mm512_castps_si512(subnormal), normal, rounded);
+      _mm512_cmp_ps_mask(_mm512_abs_ps(q), _mm512_set1_ps(e4m3 ? 0x1p-6f : 0x1p-14f), _CMP_GE_OQ);
   const __mmask16 nan = _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q);
-  const __m512i value =
-      _mm512_mask_mov_epi32(_mm512_or_si512(magnitude, sign), nan, _mm512_set1_epi32(0x7FC00000));
-  return _mm512_castsi512_ps(value);
+  const __m512 value = _mm512_mask_mov_ps(subnormal, normal, _mm512_castsi512_ps(rounded));
+  return _mm512_mask_mov_ps(value, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
 }
 
 // A vector of quantization scales with what the quotient x / scale needs: the correctly
