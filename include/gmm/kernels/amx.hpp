@@ -12,7 +12,8 @@
 
 #if GMM_KERNELS_X86
 #define GMM_TARGET_AMX \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,fma,amx-tile,amx-bf16")))
+  __attribute__((      \
+      target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512bf16,fma,amx-tile,amx-bf16")))
 
 GMM_KERNELS_SILENCE_UNDEFINED_WARNINGS
 
@@ -37,13 +38,15 @@ GMM_TARGET_AMX inline void amx_begin() {
 // Releases the tiles (KernelKit::end), so other code in the thread never sees our state.
 GMM_TARGET_AMX inline void amx_end() { _tile_release(); }
 
-// (16 * kRowTiles) x 32 micro-tile: C tiles 0..3 (row tile r, column half h is tile 2r + h), A
-// tiles 4, 5 and B tiles 6, 7, one 32-index block of the contraction per iteration; runs between
+// The (16 * kRowTiles) x 32 product of one A panel and one B panel over `steps` packed steps into
+// `tile` (row i at tile + 32 * i): C tiles 0..3 (row tile r, column half h is tile 2r + h), A tiles
+// 4, 5 and B tiles 6, 7, one 32-index block of the contraction per iteration; runs between
 // amx_begin and amx_end. Products of bf16 are exact; bf16 subnormals read as zero.
 template <int kRowTiles>
-GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, const void* b_packed,
-                                    float* c, std::int64_t ldc, const float* row_scales,
-                                    const float* col_scales, bool first, int rows) {
+GMM_TARGET_AMX __attribute__((always_inline)) inline void amx_tile_product(std::int64_t steps,
+                                                                           const void* a_packed,
+                                                                           const void* b_packed,
+                                                                           float* tile) {
   const auto* a = static_cast<const std::uint16_t*>(a_packed);
   const auto* b = static_cast<const std::uint16_t*>(b_packed);
   const std::int64_t a_row_bytes = steps * 4;  // lane-major A: one row's pairs
@@ -65,17 +68,58 @@ GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, co
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  alignas(64) float tile[32 * 32];
   _tile_stored(0, tile, 128);
   _tile_stored(1, tile + 16, 128);
   if (kRowTiles == 2) {
     _tile_stored(2, tile + 16 * 32, 128);
     _tile_stored(3, tile + 16 * 32 + 16, 128);
   }
+}
+
+// MicroKernelFn of the AMX kit: a (16 * kRowTiles) x 32 tile product, epilogue into C.
+template <int kRowTiles>
+GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, const void* b_packed,
+                                    float* c, std::int64_t ldc, const float* row_scales,
+                                    const float* col_scales, bool first, int rows) {
+  alignas(64) float tile[32 * 32];
+  amx_tile_product<kRowTiles>(steps, a_packed, b_packed, tile);
   const __m512 cs[2] = {_mm512_loadu_ps(col_scales), _mm512_loadu_ps(col_scales + 16)};
   for (int i = 0; i < rows; ++i) {
     const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
     store_row_avx512<2>(c + i * ldc, acc, row_scales[i], cs, first);
+  }
+}
+
+// OutputKernelFn of the AMX kit: 32 x 32 tile products whose rows are scaled, rounded (bf16 by
+// vcvtne2ps2bf16, as the kit's store_row rounds them) and stored past the caches, a row of a tile
+// being one cache line of bf16 or two of f32.
+GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void* a_packed,
+                                                  const void* b_packed, std::size_t b_panel_bytes,
+                                                  std::int64_t tiles, void* out,
+                                                  std::int64_t out_row_stride, DType dtype,
+                                                  const float* row_scales, const float* col_scales,
+                                                  int rows) {
+  const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
+  const std::size_t tile_bytes = 32 * size_of(dtype);
+  alignas(64) float tile[32 * 32];
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    amx_tile_product<2>(steps, a_packed,
+                        static_cast<const unsigned char*>(b_packed) + t * b_panel_bytes, tile);
+    const __m512 cs[2] = {_mm512_loadu_ps(col_scales + 32 * t),
+                          _mm512_loadu_ps(col_scales + 32 * t + 16)};
+    unsigned char* tile_out = static_cast<unsigned char*>(out) + t * tile_bytes;
+    for (int i = 0; i < rows; ++i) {
+      const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
+      __m512 lo, hi;
+      scaled_pair<2>(acc, _mm512_set1_ps(row_scales[i]), cs, 0, lo, hi);
+      unsigned char* row = tile_out + i * row_bytes;
+      if (dtype == DType::f32) {
+        _mm512_stream_ps(reinterpret_cast<float*>(row), lo);
+        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16, hi);
+      } else {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(row), round_to_bf16_words_bf16(lo, hi));
+      }
+    }
   }
 }
 
@@ -87,7 +131,11 @@ GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, co
 // 38.1-38.4, drhs 99.3 -> 74.1-80.7. gmm_bench's fp8 cells of five shapes, 2 threads, binaries
 // alternated twice: geometric mean 1.03x faster (compute-bound drhs 1.25x, qwen3-30b dlhs
 // 0.92x); blocks of 256 columns gave 1.05x but 0.86x on gptoss's forward, whose 64-row groups
-// then pack their fp8 weights in runs of 256 bytes.
+// then pack their fp8 weights in runs of 256 bytes. tgmm with its rhs quantized in the kernel
+// (and groups not short) takes tasks of 2048 lanes and 256 columns: each task quantizes its
+// group's rhs again, and with 512 lanes that took about a third of mixtral's fp8 drhs (scratch,
+// 2 threads, groups of 240 and 272 rows: 57-59 -> 40-41 ms; compute-bound 36-37 -> 31-37 ms;
+// 1024 x 256 was level on the compute-bound shape and 45-47 ms on mixtral's).
 inline KernelKit amx_kit() {
   KernelKit kit;
   kit.isa = Isa::amx;
@@ -97,6 +145,7 @@ inline KernelKit amx_kit() {
   kit.kernel = kernel_amx_bf16<2>;
   kit.few_rows_kernel = kernel_amx_bf16<1>;
   kit.few_rows = 16;
+  kit.output_kernel = output_kernel_amx_bf16;
   kit.stream = stream_avx512_bf16;
   kit.stream_rows = four_stream_rows;
   kit.absmax = absmax_avx512;
@@ -105,6 +154,7 @@ inline KernelKit amx_kit() {
   kit.begin = amx_begin;
   kit.end = amx_end;
   kit.tiles = {512, 256, 512};
+  kit.quantized_rhs_tiles = {2048, 256, 256};
   return kit;
 }
 

@@ -147,6 +147,11 @@ struct KernelKit {
   void (*begin)() = nullptr;
   void (*end)() = nullptr;
   Tiles tiles;
+  // Optional (m = 0: tiles): tgmm's blocking when its rhs is quantized in the kernel and its
+  // groups are not short (see v2::detail::tgmm_tiles). Each tgmm task quantizes its group's rhs
+  // again; next to a micro-kernel as fast as AMX's, that took as long as the products unless the
+  // tasks took more lanes.
+  Tiles quantized_rhs_tiles;
   // Optional (0: tiles.k): the contraction chunk of a B with contiguous contraction runs (dlhs's
   // transposed weights), whose packer transposes tiles read from 16 lanes' runs: a longer chunk
   // reads longer runs of each lane; the block of columns shrinks in proportion (same bytes), but

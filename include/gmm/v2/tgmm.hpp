@@ -68,8 +68,10 @@ constexpr std::int64_t kShortGroupBaseLanes = 192;
 // its group's rhs, which weighs more against the product the fewer rows the groups have; so
 // unless Options::tiles asks otherwise, when the mean group is shorter than tiles.k, tasks take
 // up to 4x the lanes (of at most kShortGroupBaseLanes) and as many times fewer columns (the
-// packed lhs chunk stays within tiles.m x tiles.k).
-inline Tiles tgmm_tiles(const Product& product, const Options& options, const GroupRows& groups) {
+// packed lhs chunk stays within tiles.m x tiles.k); longer groups whose rhs is quantized in the
+// kernel take the kit's quantized_rhs_tiles where it has them.
+inline Tiles tgmm_tiles(const Product& product, const Options& options, const GroupRows& groups,
+                        bool rhs_quantized_here) {
   Tiles tiles = product.tiles;
   if (options.tiles.m > 0 || options.tiles.n > 0) return tiles;
   std::int64_t rows = 0, used = 0;
@@ -82,7 +84,11 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
   while (factor < 4 && (factor * 2) * rows <= tiles.k * used && tiles.n / (factor * 2) >= 2 * nr) {
     factor *= 2;
   }
-  if (factor == 1) return tiles;
+  if (factor == 1) {
+    return rhs_quantized_here && product.kit.quantized_rhs_tiles.m > 0
+               ? resolve_tiles(product.kit, product.kit.quantized_rhs_tiles)
+               : tiles;
+  }
   tiles.m = round_up(std::min(tiles.m, kShortGroupBaseLanes) * factor, product.kit.format.mr);
   tiles.n = round_up(tiles.n / factor, nr);
   return tiles;
@@ -97,7 +103,7 @@ inline void tgmm(const TgmmProblem& p, const Options& options) {
                             detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
   detail::Product product = detail::make_product(kit, options, p.n, p.m_segment, p.out.dtype,
                                                  p.out.row_stride, p.accumulate);
-  product.tiles = detail::tgmm_tiles(product, options, p.groups);
+  product.tiles = detail::tgmm_tiles(product, options, p.groups, p.quantize_rhs.has_value());
 
   const detail::Side lhs = detail::tgmm_side(p.lhs, p.quantize_lhs, p.m);
   const detail::Side rhs = detail::tgmm_side(p.rhs, p.quantize_rhs, p.m);
