@@ -132,10 +132,12 @@ GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void
 // alternated twice: geometric mean 1.03x faster (compute-bound drhs 1.25x, qwen3-30b dlhs
 // 0.92x); blocks of 256 columns gave 1.05x but 0.86x on gptoss's forward, whose 64-row groups
 // then pack their fp8 weights in runs of 256 bytes. tgmm with its rhs quantized in the kernel
-// (and groups not short) takes tasks of 2048 lanes and 256 columns: each task quantizes its
-// group's rhs again, and with 512 lanes that took about a third of mixtral's fp8 drhs (scratch,
-// 2 threads, groups of 240 and 272 rows: 57-59 -> 40-41 ms; compute-bound 36-37 -> 31-37 ms;
-// 1024 x 256 was level on the compute-bound shape and 45-47 ms on mixtral's).
+// takes tasks of 2048 lanes (and 256 columns, or tgmm_tiles' narrower blocks for short groups):
+// each task quantizes its group's rhs again, and with 512 lanes that took about a third of
+// mixtral's fp8 drhs (scratch, 2 threads, groups of 240 and 272 rows: 57-59 -> 40-41 ms;
+// compute-bound 36-37 -> 31-37 ms; 1024 x 256 was level on the compute-bound shape and 45-47 ms
+// on mixtral's). Short groups, 2048 x 128 against 768 x 128, ms: qwen3-30b 8.1-8.5 against
+// 9.1-10.1, gptoss 19.1-20.2 against 21.5-23.6, dsv3-up 27.3-29.6 against 29.8-30.5.
 inline KernelKit amx_kit() {
   KernelKit kit;
   kit.isa = Isa::amx;

@@ -147,9 +147,9 @@ struct KernelKit {
   void (*begin)() = nullptr;
   void (*end)() = nullptr;
   Tiles tiles;
-  // Optional (m = 0: tiles): tgmm's blocking when its rhs is quantized in the kernel and its
-  // groups are not short (see v2::detail::tgmm_tiles). Each tgmm task quantizes its group's rhs
-  // again; next to a micro-kernel as fast as AMX's, that took as long as the products unless the
+  // Optional (m = 0: tiles): tgmm's blocking when its rhs is quantized in the kernel (columns
+  // narrowed for short groups; see v2::detail::tgmm_tiles). Each tgmm task quantizes its group's
+  // rhs again; next to a micro-kernel as fast as AMX's, that took a third of the call unless the
   // tasks took more lanes.
   Tiles quantized_rhs_tiles;
   // Optional (0: tiles.k): the contraction chunk of a B with contiguous contraction runs (dlhs's

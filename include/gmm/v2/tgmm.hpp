@@ -68,8 +68,9 @@ constexpr std::int64_t kShortGroupBaseLanes = 192;
 // its group's rhs, which weighs more against the product the fewer rows the groups have; so
 // unless Options::tiles asks otherwise, when the mean group is shorter than tiles.k, tasks take
 // up to 4x the lanes (of at most kShortGroupBaseLanes) and as many times fewer columns (the
-// packed lhs chunk stays within tiles.m x tiles.k); longer groups whose rhs is quantized in the
-// kernel take the kit's quantized_rhs_tiles where it has them.
+// packed lhs chunk stays within tiles.m x tiles.k). When the rhs is quantized in the kernel and
+// the kit has quantized_rhs_tiles, tasks take those lanes instead, and those columns unless the
+// groups are short.
 inline Tiles tgmm_tiles(const Product& product, const Options& options, const GroupRows& groups,
                         bool rhs_quantized_here) {
   Tiles tiles = product.tiles;
@@ -84,11 +85,12 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
   while (factor < 4 && (factor * 2) * rows <= tiles.k * used && tiles.n / (factor * 2) >= 2 * nr) {
     factor *= 2;
   }
-  if (factor == 1) {
-    return rhs_quantized_here && product.kit.quantized_rhs_tiles.m > 0
-               ? resolve_tiles(product.kit, product.kit.quantized_rhs_tiles)
-               : tiles;
+  if (rhs_quantized_here && product.kit.quantized_rhs_tiles.m > 0) {
+    Tiles quantized = resolve_tiles(product.kit, product.kit.quantized_rhs_tiles);
+    if (factor > 1) quantized.n = round_up(tiles.n / factor, nr);
+    return quantized;
   }
+  if (factor == 1) return tiles;
   tiles.m = round_up(std::min(tiles.m, kShortGroupBaseLanes) * factor, product.kit.format.mr);
   tiles.n = round_up(tiles.n / factor, nr);
   return tiles;
