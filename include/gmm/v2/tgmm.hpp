@@ -1,6 +1,7 @@
 // Kernel family v2: tgmm (drhs, out[g] = lhs[rows_g]^T @ rhs[rows_g]) as one fused, blocked pass.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gmm/core/parallel.hpp"
@@ -75,10 +76,11 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
                         bool rhs_quantized_here) {
   Tiles tiles = product.tiles;
   if (options.tiles.m > 0 || options.tiles.n > 0) return tiles;
-  std::int64_t rows = 0, used = 0;
+  std::int64_t rows = 0, used = 0, longest = 1;
   for (std::int64_t g = 0; g < groups.count(); ++g) {
     rows += groups.size(g);
     used += groups.size(g) > 0;
+    longest = std::max<std::int64_t>(longest, groups.size(g));
   }
   const std::int64_t nr = product.kit.format.nr;
   std::int64_t factor = 1;
@@ -88,6 +90,13 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
   if (rhs_quantized_here && product.kit.quantized_rhs_tiles.m > 0) {
     Tiles quantized = resolve_tiles(product.kit, product.kit.quantized_rhs_tiles);
     if (factor > 1) quantized.n = round_up(tiles.n / factor, nr);
+    // no more lanes than keep a task's packed lhs over its longest group within kWholeABytes
+    // (packed once per task, not once per block of columns)
+    const std::int64_t mr = product.kit.format.mr;
+    const std::int64_t fitting =
+        kWholeABytes / (longest * static_cast<std::int64_t>(product.kit.format.element_bytes())) /
+        mr * mr;
+    quantized.m = std::max(tiles.m, std::min(quantized.m, fitting));
     return quantized;
   }
   if (factor == 1) return tiles;
