@@ -63,6 +63,29 @@ TEST_P(V2Tgmm, TraceSaysWhatRan) {
   EXPECT_GT(trace.extra_bytes, 0);
 }
 
+// A long group whose rhs is quantized in the kernel: right against the oracle, and tgmm's tasks
+// take no more lanes than keep their packed lhs over the group within kWholeABytes (past it,
+// run_task packs and quantizes the lhs again for every block of columns), unless the kit's own
+// task rows already take more.
+TEST_P(V2Tgmm, LongGroupTasksPackTheirLhsOnce) {
+  Rng rng(517);
+  const std::int64_t rows = 20000;
+  const CaseShape s{"long group", rows, 40, 24, {static_cast<std::int32_t>(rows)}};
+  const TgmmRecipe r{"fp8",
+                     {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)},
+                     {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)}};
+  CallTrace trace;
+  Options o = make_options(GetParam(), s);
+  o.trace = &trace;
+  ASSERT_TRUE(run_tgmm_case(rng, s, r, o, DType::f32));
+  const kernels::KernelKit kit = kernels::select_kit(GetParam(), true);
+  const std::int64_t kit_rows = (kit.tiles.m + kit.format.mr - 1) / kit.format.mr * kit.format.mr;
+  const std::int64_t packed_lhs_bytes =
+      trace.tiles.m * rows * static_cast<std::int64_t>(kit.format.element_bytes());
+  EXPECT_TRUE(packed_lhs_bytes <= gmm::v2::detail::kWholeABytes || trace.tiles.m == kit_rows)
+      << "tiles.m " << trace.tiles.m << ", packed lhs " << packed_lhs_bytes << " bytes";
+}
+
 // The result does not depend on the number of threads, bit for bit: groups of mixed sizes, and
 // one group only, whose few lane tasks are cut into column ranges with several threads
 // (split_tasks).
