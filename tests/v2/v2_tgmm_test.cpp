@@ -79,7 +79,7 @@ TEST_P(V2Tgmm, LongGroupTasksPackTheirLhsOnce) {
   o.trace = &trace;
   ASSERT_TRUE(run_tgmm_case(rng, s, r, o, DType::f32));
   const kernels::KernelKit kit = kernels::select_kit(GetParam(), true);
-  const std::int64_t kit_rows = (kit.tiles.m + kit.format.mr - 1) / kit.format.mr * kit.format.mr;
+  const std::int64_t kit_rows = gmm::v2::detail::resolve_tiles(kit, Tiles{}).m;
   const std::int64_t packed_lhs_bytes =
       trace.tiles.m * rows * static_cast<std::int64_t>(kit.format.element_bytes());
   EXPECT_TRUE(packed_lhs_bytes <= gmm::v2::detail::kWholeABytes || trace.tiles.m == kit_rows)

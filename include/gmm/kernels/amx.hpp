@@ -112,13 +112,7 @@ GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void
       const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
       __m512 lo, hi;
       scaled_pair<2>(acc, _mm512_set1_ps(row_scales[i]), cs, 0, lo, hi);
-      unsigned char* row = tile_out + i * row_bytes;
-      if (dtype == DType::f32) {
-        _mm512_stream_ps(reinterpret_cast<float*>(row), lo);
-        _mm512_stream_ps(reinterpret_cast<float*>(row) + 16, hi);
-      } else {
-        _mm512_stream_si512(reinterpret_cast<__m512i*>(row), round_to_bf16_words_bf16(lo, hi));
-      }
+      stream_out_pair_avx512bf16(tile_out + i * row_bytes, dtype, lo, hi);
     }
   }
 }

@@ -854,6 +854,18 @@ GMM_TARGET_AVX512 void output_kernel_avx512_f32(std::int64_t steps, const void* 
   }
 }
 
+// One pair of vectors of a row of an output kernel's tile (lo's first), stored past the caches:
+// f32 as two cache lines, bf16 as one, rounded by vcvtne2ps2bf16 (round_to_bf16_words_bf16).
+GMM_TARGET_AVX512BF16 inline void stream_out_pair_avx512bf16(void* dst, DType dtype, __m512 lo,
+                                                             __m512 hi) {
+  if (dtype == DType::f32) {
+    _mm512_stream_ps(static_cast<float*>(dst), lo);
+    _mm512_stream_ps(static_cast<float*>(dst) + 16, hi);
+  } else {
+    _mm512_stream_si512(static_cast<__m512i*>(dst), round_to_bf16_words_bf16(lo, hi));
+  }
+}
+
 // OutputKernelFn of the AVX512_BF16 kit: vdpbf16ps steps, rows written past the caches (bf16
 // rounded by vcvtne2ps2bf16, a cache line per pair of vectors).
 template <int kMr, int kNv>
@@ -890,8 +902,7 @@ GMM_TARGET_AVX512BF16 void output_kernel_avx512_bf16(std::int64_t steps, const v
       for (int v = 0; v < kNv; v += 2) {
         __m512 lo, hi;
         scaled_pair<kNv>(acc[i], rs, cs, v, lo, hi);
-        _mm512_stream_si512(reinterpret_cast<__m512i*>(tile_out + i * row_bytes) + v / 2,
-                            round_to_bf16_words_bf16(lo, hi));
+        stream_out_pair_avx512bf16(tile_out + i * row_bytes + 64 * (v / 2), dtype, lo, hi);
       }
     }
   }

@@ -87,9 +87,10 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
   while (factor < 4 && (factor * 2) * rows <= tiles.k * used && tiles.n / (factor * 2) >= 2 * nr) {
     factor *= 2;
   }
+  const std::int64_t short_group_columns = round_up(tiles.n / factor, nr);
   if (rhs_quantized_here && product.kit.quantized_rhs_tiles.m > 0) {
     Tiles quantized = resolve_tiles(product.kit, product.kit.quantized_rhs_tiles);
-    if (factor > 1) quantized.n = round_up(tiles.n / factor, nr);
+    if (factor > 1) quantized.n = short_group_columns;
     // no more lanes than keep a task's packed lhs over its longest group within kWholeABytes
     // (packed once per task, not once per block of columns)
     const std::int64_t mr = product.kit.format.mr;
@@ -101,7 +102,7 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
   }
   if (factor == 1) return tiles;
   tiles.m = round_up(std::min(tiles.m, kShortGroupBaseLanes) * factor, product.kit.format.mr);
-  tiles.n = round_up(tiles.n / factor, nr);
+  tiles.n = short_group_columns;
   return tiles;
 }
 
