@@ -46,6 +46,9 @@ struct PanelSource {
   std::int64_t k_stride = 0;
   bool quantize = false;
   QType qtype = QType::float8_e4m3fn;
+  // Contraction indices the source holds (0: not given), so a packer may prefetch past its chunk
+  // into the next one.
+  std::int64_t depth = 0;
 };
 
 // Packs lanes [lane0, lane0 + lanes) and contraction indices [k0, k0 + kc) of `source` into

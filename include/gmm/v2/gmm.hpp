@@ -83,6 +83,7 @@ inline void gmm(const GmmProblem& p, const Options& options) {
                           g * p.rhs.group_stride * static_cast<std::int64_t>(size_of(p.rhs.dtype));
     kernels::PanelSource rhs{weights, p.rhs.dtype, p.transpose_rhs ? p.rhs.row_stride : 1,
                              p.transpose_rhs ? 1 : p.rhs.row_stride};
+    rhs.depth = p.k;
     detail::Job job;
     job.a = {lhs, lhs_scales};
     job.b = {rhs, detail::gmm_rhs_scales(p, g)};

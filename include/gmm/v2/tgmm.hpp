@@ -46,7 +46,8 @@ inline Side tgmm_side(const Matrix& x, const std::optional<QuantSpec>& quantize,
                               1,
                               x.row_stride,
                               quantize.has_value(),
-                              quantize ? quantize->qtype : QType::float8_e4m3fn};
+                              quantize ? quantize->qtype : QType::float8_e4m3fn,
+                              m};
   return {source, tgmm_side_scales(x, quantize, m)};
 }
 
