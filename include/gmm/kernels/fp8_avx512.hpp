@@ -363,8 +363,9 @@ constexpr std::int64_t kPackAheadBytes = 32 * 1024;
 // hardware prefetchers follow too. dsv3-up's fp8 forward (16-row groups take all 1024 columns,
 // so a chunk is whole rows), scratch, 2 threads: the packer alone, 256 experts, 140 -> 95 ms
 // against prefetching each block's next 16 rows in one burst (which keeps no more lines in
-// flight than L1 has fill buffers); the call, 32 experts, multinomial sizes, 22.3-23.8 ->
-// 20.5-21.3 ms. (fp8 only: with the same stream, bf16 weights ran 0.90x to 0.98x as fast.)
+// flight than L1 has fill buffers); gmm_bench's fwd/v2/fp8/dsv3-up with Fp8PairZip's single
+// permute, 22.5-22.8 -> 20.5-21.0 ms. (fp8 only: with the same stream, bf16 weights ran 0.90x
+// to 0.98x as fast.)
 class WholeRowsPrefetcher {
  public:
   // Rows of `src` from k0 on, up to src.depth or the chunk's end k0 + kc if later.
