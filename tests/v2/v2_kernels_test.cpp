@@ -438,11 +438,12 @@ TEST(V2Kernels, MicroKernelsAreExactOnIntegers) {
 }
 
 // A kit's output kernel writes what its micro-kernel computes (first), rounded to f32 / bf16 as
-// the scalar path rounds (Eigen's bfloat16), straight into rows of the output, for the two tiles
-// of one call (two B panels): exact integer products times power-of-two scales, one row scaled
-// into fp32 subnormals, one made NaN by its scale and one holding a subnormal or a NaN in a
-// single column of each tile (vectors with and without such values); the rows past `rows`, the
-// padding of each row and the row after the tiles untouched.
+// the scalar path rounds (Eigen's bfloat16), straight into rows of the output, for the five tiles
+// of one call (five B panels; the AMX kernel computes four before it stores them): exact integer
+// products times power-of-two scales, one row scaled into fp32 subnormals, one made NaN by its
+// scale and one holding a subnormal or a NaN in a single column of each tile (vectors with and
+// without such values); the rows past `rows`, the padding of each row and the row after the tiles
+// untouched.
 TEST(V2Kernels, OutputKernelsMatchScalar) {
   Rng rng(11);
   int checked = 0;
@@ -450,7 +451,7 @@ TEST(V2Kernels, OutputKernelsMatchScalar) {
     if (kit.output_kernel == nullptr) continue;
     ASSERT_NE(kit.store_fence, nullptr) << name(kit.isa);
     const auto& f = kit.format;
-    constexpr int kTiles = 2;
+    constexpr int kTiles = 5;
     IntegerTile tile(rng, kit, 37, kTiles);
     const std::int64_t steps = f.steps(tile.kc);
     std::vector<float>&rs = tile.rs, &cs = tile.cs;  // scales are not packed: set them now

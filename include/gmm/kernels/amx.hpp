@@ -92,7 +92,11 @@ GMM_TARGET_AMX void kernel_amx_bf16(std::int64_t steps, const void* a_packed, co
 
 // OutputKernelFn of the AMX kit: 32 x 32 tile products whose rows are scaled, rounded (bf16 by
 // vcvtne2ps2bf16, as the kit's store_row rounds them) and stored past the caches, a row of a tile
-// being one cache line of bf16 or two of f32.
+// being one cache line of bf16 or two of f32. Four tiles are computed before any is stored, and
+// each row's four runs then go out one after another: storing tile after tile sent each row's
+// lines to memory far apart. Scratch fp8 drhs, 2 threads (bf16 gradient, 128-column blocks):
+// decode 14.1-15.4 -> 10.6-11.6 ms, dsv3-up (32 experts) 26.4-28.5 -> 21.2-22.8 ms; eight tiles
+// at a time did no better.
 GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void* a_packed,
                                                   const void* b_packed, std::size_t b_panel_bytes,
                                                   std::int64_t tiles, void* out,
@@ -101,18 +105,28 @@ GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void
                                                   int rows) {
   const std::int64_t row_bytes = out_row_stride * static_cast<std::int64_t>(size_of(dtype));
   const std::size_t tile_bytes = 32 * size_of(dtype);
-  alignas(64) float tile[32 * 32];
-  for (std::int64_t t = 0; t < tiles; ++t) {
-    amx_tile_product<2>(steps, a_packed,
-                        static_cast<const unsigned char*>(b_packed) + t * b_panel_bytes, tile);
-    const __m512 cs[2] = {_mm512_loadu_ps(col_scales + 32 * t),
-                          _mm512_loadu_ps(col_scales + 32 * t + 16)};
-    unsigned char* tile_out = static_cast<unsigned char*>(out) + t * tile_bytes;
+  constexpr std::int64_t kGroup = 4;
+  alignas(64) float tile[kGroup][32 * 32];
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += kGroup) {
+    const std::int64_t group = std::min(kGroup, tiles - t0);
+    for (std::int64_t j = 0; j < group; ++j) {
+      amx_tile_product<2>(steps, a_packed,
+                          static_cast<const unsigned char*>(b_packed) + (t0 + j) * b_panel_bytes,
+                          tile[j]);
+    }
     for (int i = 0; i < rows; ++i) {
-      const __m512 acc[2] = {_mm512_load_ps(tile + 32 * i), _mm512_load_ps(tile + 32 * i + 16)};
-      __m512 lo, hi;
-      scaled_pair<2>(acc, _mm512_set1_ps(row_scales[i]), cs, 0, lo, hi);
-      stream_out_pair_avx512bf16(tile_out + i * row_bytes, dtype, lo, hi);
+      const __m512 rs = _mm512_set1_ps(row_scales[i]);
+      for (std::int64_t j = 0; j < group; ++j) {
+        const std::int64_t t = t0 + j;
+        const __m512 cs[2] = {_mm512_loadu_ps(col_scales + 32 * t),
+                              _mm512_loadu_ps(col_scales + 32 * t + 16)};
+        const __m512 acc[2] = {_mm512_load_ps(tile[j] + 32 * i),
+                               _mm512_load_ps(tile[j] + 32 * i + 16)};
+        __m512 lo, hi;
+        scaled_pair<2>(acc, rs, cs, 0, lo, hi);
+        stream_out_pair_avx512bf16(
+            static_cast<unsigned char*>(out) + t * tile_bytes + i * row_bytes, dtype, lo, hi);
+      }
     }
   }
 }
