@@ -114,16 +114,19 @@ GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void
                           static_cast<const unsigned char*>(b_packed) + (t0 + j) * b_panel_bytes,
                           tile[j]);
     }
+    __m512 cs[kGroup][2];
+    for (std::int64_t j = 0; j < group; ++j) {
+      cs[j][0] = _mm512_loadu_ps(col_scales + 32 * (t0 + j));
+      cs[j][1] = _mm512_loadu_ps(col_scales + 32 * (t0 + j) + 16);
+    }
     for (int i = 0; i < rows; ++i) {
       const __m512 rs = _mm512_set1_ps(row_scales[i]);
       for (std::int64_t j = 0; j < group; ++j) {
         const std::int64_t t = t0 + j;
-        const __m512 cs[2] = {_mm512_loadu_ps(col_scales + 32 * t),
-                              _mm512_loadu_ps(col_scales + 32 * t + 16)};
         const __m512 acc[2] = {_mm512_load_ps(tile[j] + 32 * i),
                                _mm512_load_ps(tile[j] + 32 * i + 16)};
         __m512 lo, hi;
-        scaled_pair<2>(acc, rs, cs, 0, lo, hi);
+        scaled_pair<2>(acc, rs, cs[j], 0, lo, hi);
         stream_out_pair_avx512bf16(
             static_cast<unsigned char*>(out) + t * tile_bytes + i * row_bytes, dtype, lo, hi);
       }
