@@ -166,6 +166,32 @@ TEST_P(V2Gmm, SameBitsForAnyColumnSplit) {
   }
 }
 
+// With the kit's own tiles, a forward task of more rows than a few whose C across all the
+// columns is small takes all its columns at once (takes_all_columns: groups of 17 to 90 rows over
+// 1000 columns, wider than tiles.n), next to tasks of a few rows. Results match the oracle and
+// are the same bits for 1 and 2 threads, fp8 (widened to bf16 pairs) and fp32 alike.
+TEST_P(V2Gmm, RowsWithSmallCTakeAllColumns) {
+  const CaseShape s{"small C", 156, 512, 1000, {17, 40, 0, 90, 9}};
+  const GmmRecipe fp8{"fp8",
+                      {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 256)},
+                      {DType::float8_e4m3fn, {1, 0, 1}}};
+  const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
+  for (const GmmRecipe& r : {fp8, f32}) {
+    OwnedOutput first;
+    for (int threads : {1, 2}) {
+      Rng rng(408);
+      OwnedOutput got;
+      ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::f32, &got))
+          << r.label << " " << threads << " threads";
+      if (threads == 1) {
+        first = got;
+      } else {
+        EXPECT_TRUE(same_bits(first, got)) << r.label;
+      }
+    }
+  }
+}
+
 // The tasks split_tasks makes for jobs of `rows` rows each (K 1000, N 4096, tiles of 512 x 512 x
 // 512, nothing streamed) on `threads` workers.
 std::vector<gmm::v2::detail::Task> tasks_for(const std::vector<std::int64_t>& rows, int threads) {

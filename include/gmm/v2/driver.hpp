@@ -60,8 +60,11 @@ struct Product {
   kernels::KernelKit kit;
   Tiles tiles;                  // rows, contraction and columns per task
   std::int64_t runs_chunk = 0;  // KernelKit::runs_chunk, 0 when the call requested tiles
-  std::int64_t n = 0;           // columns of C
-  std::int64_t segment = 1;     // scales are constant within aligned contraction segments
+  // Tasks of more rows than a few whose C is small take all their columns (takes_all_columns);
+  // false when the call requested tiles, whose blocks of tiles.n columns it then keeps.
+  bool small_c_takes_all_columns = false;
+  std::int64_t n = 0;        // columns of C
+  std::int64_t segment = 1;  // scales are constant within aligned contraction segments
   DType out_dtype = DType::f32;
   std::int64_t out_row_stride = 0;
   bool accumulate = false;
@@ -220,8 +223,8 @@ inline void write_rows(const Product& p, const Job& job, std::int64_t a0, std::i
 // reading the packed block back from memory, panel by panel, prefetched.
 constexpr std::int64_t kWholeABytes = 32 * 1024 * 1024;
 
-// Bytes of the packed B block of a task that takes many columns at once: a task of a few rows,
-// or one whose contraction is a single chunk (see run_task).
+// Bytes of the packed B block of a task that takes many columns at once: one that takes all its
+// columns (takes_all_columns), or one whose contraction is a single chunk (see run_task).
 constexpr std::int64_t kWideBlockBytes = 512 * 1024;
 
 // Bytes of C one A panel holds across a block of a one-chunk task (see run_task): half of a
@@ -245,24 +248,44 @@ inline bool streams(const Product& p, const Job& job, std::int64_t rows) {
          !job.b.source.quantize;
 }
 
-// True when a packed task of `rows` rows of `job` takes all its columns at once (run_task): a
-// few rows, and B with contiguous lanes ([K, N] weights, read whole rows at a time). B with
-// contiguous contraction runs (transposed weights) is blocked as for more rows: over all its
-// columns, the chunk that keeps the B block in L2 held a few bytes of each run (dsv3-up's dlhs on
-// the AMX kit: 32 of 1024, half a line each time, and that packer took 48% of the samples).
-inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t rows) {
-  return rows <= p.kit.few_rows && job.b.source.k_stride != 1;
-}
-
-// The longest contraction chunk of a task whose B is packed: tiles.k, or for a task that takes
-// all its columns (takes_all_columns) no longer than keeps the B block of all of them in L2.
-inline std::int64_t packed_chunk(const Product& p, bool all_columns) {
+// The contraction chunk of a task that takes all its columns (takes_all_columns): no longer than
+// keeps the B block of all of them within kWideBlockBytes (in L2), nor than tiles.k.
+inline std::int64_t all_columns_chunk(const Product& p) {
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
-  if (!all_columns) return std::max<std::int64_t>(1, p.tiles.k);
-  const std::int64_t skinny_kc =
+  const std::int64_t block_kc =
       kWideBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
-  return std::max(quantum, std::min(p.tiles.k, skinny_kc) / quantum * quantum);
+  return std::max(quantum, std::min(p.tiles.k, block_kc) / quantum * quantum);
+}
+
+// True when a packed task of `rows` rows of `job` takes all its columns at once (run_task), which
+// reads B's rows whole and in order. Only B with contiguous lanes ([K, N] weights): with
+// contiguous contraction runs (transposed weights), the chunk that keeps the B block in L2 held
+// a few bytes of each run (dsv3-up's dlhs on the AMX kit: 32 of 1024, half a line each time,
+// and that packer took 48% of the samples). Then a task of a few rows does; so does one of more
+// rows when its C across all the columns (fp32, held over the chunks) is no larger than the B
+// block, so that both stay in L2, and the chunk is at least half of tiles.k, so that C is not
+// read and written again every few steps. Blocks of tiles.n columns read a part of each weight
+// row at a time, which the memory serves slower (2 threads on the AMX kit, blocks against all
+// columns, ms: the skewed-uniform forward, groups of 23 to 45 rows and N = 1408, fp8 19.4-22.1
+// against 18.5-19.6, bf16 30.4-30.8 against 23.6; fp32 on the AVX-512 kit 74.2-76.6 against
+// 67.8-70.8). DeepSeek-V3's down projection (groups of 17 to 29 rows, N = 7168) stays in blocks:
+// with all its columns, C is 0.5 to 0.9 MiB and the fp8 forward took 24.0-26.5 ms against
+// 23.0-23.1. A call that requested tiles keeps its blocks for all but a few rows.
+inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t rows) {
+  if (job.b.source.k_stride == 1) return false;
+  if (rows <= p.kit.few_rows) return true;
+  if (!p.small_c_takes_all_columns) return false;
+  const kernels::PackedFormat& f = p.kit.format;
+  const std::int64_t c_bytes =
+      round_up(rows, f.mr) * round_up(p.n, f.nr) * static_cast<std::int64_t>(sizeof(float));
+  return c_bytes <= kWideBlockBytes && 2 * all_columns_chunk(p) >= p.tiles.k;
+}
+
+// The longest contraction chunk of a task whose B is packed: tiles.k, or all_columns_chunk for
+// a task that takes all its columns.
+inline std::int64_t packed_chunk(const Product& p, bool all_columns) {
+  return all_columns ? all_columns_chunk(p) : std::max<std::int64_t>(1, p.tiles.k);
 }
 
 // Fills ws.chunks with the starts of a job's contraction chunks, then its end: at most max_kc
@@ -361,10 +384,10 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
-  // A task of a few rows (packed when the kit has no streaming kernel or B is quantized here)
-  // reads [K, N] weights once: it takes all its columns at once (whole rows of the weights are
-  // read in order) with a chunk short enough to keep the B block in L2 (takes_all_columns,
-  // packed_chunk).
+  // A task of a few rows (packed when the kit has no streaming kernel or B is quantized here),
+  // or of rows whose C is small, reads [K, N] weights once: it takes all its columns at once
+  // (whole rows of the weights are read in order) with a chunk short enough to keep the B block
+  // in L2 (takes_all_columns, packed_chunk).
   const bool skinny = takes_all_columns(p, job, rows);
   std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
   std::int64_t max_kc = packed_chunk(p, skinny);
@@ -532,6 +555,7 @@ inline Product make_product(const kernels::KernelKit& kit, const Options& option
   p.tiles = resolve_tiles(kit, options.tiles);
   const bool tiles_requested = options.tiles.k > 0 || options.tiles.n > 0;
   p.runs_chunk = tiles_requested ? 0 : round_up(kit.runs_chunk, kit.format.depth);
+  p.small_c_takes_all_columns = !tiles_requested;
   p.n = n;
   p.segment = segment;
   p.out_dtype = out_dtype;
