@@ -267,11 +267,12 @@ inline std::int64_t all_columns_chunk(const Product& p) {
 // block, so that both stay in L2, and the chunk is at least half of tiles.k, so that C is not
 // read and written again every few steps. Blocks of tiles.n columns read a part of each weight
 // row at a time, which the memory serves slower (2 threads on the AMX kit, blocks against all
-// columns, ms: the skewed-uniform forward, groups of 23 to 45 rows and N = 1408, fp8 19.4-22.1
-// against 18.5-19.6, bf16 30.4-30.8 against 23.6; fp32 on the AVX-512 kit 74.2-76.6 against
-// 67.8-70.8). DeepSeek-V3's down projection (groups of 17 to 29 rows, N = 7168) stays in blocks:
-// with all its columns, C is 0.5 to 0.9 MiB and the fp8 forward took 24.0-26.5 ms against
-// 23.0-23.1. A call that requested tiles keeps its blocks for all but a few rows.
+// columns, ms: the skewed-uniform forward, groups of 23 to 45 rows and N = 1408, fp8 22.7-23.4
+// against 19.4-20.3, bf16 30.8 against 24.8-25.0; fp32 on the AVX-512 kit 73.9-75.5 against
+// 69.8-71.1). DeepSeek-V3's down projection (groups of 17 to 29 rows, N = 7168) stays in blocks:
+// with all its columns, C is 0.5 to 0.9 MiB and its fp8 forward took 24.0-26.5 ms against
+// 23.0-23.1 in blocks (scratch). A call that requested tiles keeps its blocks for all but a few
+// rows.
 inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t rows) {
   if (job.b.source.k_stride == 1) return false;
   if (rows <= p.kit.few_rows) return true;
