@@ -68,7 +68,7 @@ struct CpuFeatures {
   // The streaming kernels prefetch the next band of weight rows into L2 in software
   // (RowPrefetcher). On AMD Zen 4 streamed bands ran 30% slower without; on Intel Ice Lake the
   // fp32 and bf16 decode forward ran 1.4x to 1.5x faster without (2 threads), so Intel CPUs
-  // leave it to the hardware prefetchers.
+  // leave it to the hardware prefetchers, except for rows shorter than a page (RowPrefetcher).
   bool row_prefetch = false;
 };
 
