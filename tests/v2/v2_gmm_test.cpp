@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -123,23 +124,31 @@ TEST_P(V2Gmm, TraceSaysWhatRan) {
   EXPECT_EQ(trace.lhs.quantized_by, "");
 }
 
+// Runs case `s` x `r` on `isa` with each of `thread_counts` (the first 1) from the same seed:
+// every run matches the oracle, and every run after the first has the first's bits.
+void expect_oracle_and_same_bits(Isa isa, const CaseShape& s, const GmmRecipe& r, DType out,
+                                 std::uint64_t seed, std::initializer_list<int> thread_counts) {
+  OwnedOutput first;
+  for (int threads : thread_counts) {
+    Rng rng(seed);
+    OwnedOutput got;
+    ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(isa, s, threads), out, &got))
+        << r.label << " " << threads << " threads";
+    if (threads == *thread_counts.begin()) {
+      first = got;
+    } else {
+      EXPECT_TRUE(same_bits(first, got)) << r.label << " " << threads << " threads";
+    }
+  }
+}
+
 // The result does not depend on the number of threads, bit for bit.
 TEST_P(V2Gmm, SameBitsForAnyThreadCount) {
   const CaseShape s{"threads", 203, 96, 150, {50, 0, 3, 150}, 0, 0, {16, 32, 32}};
   const GmmRecipe r{"fp8",
                     {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 32)},
                     {DType::float8_e4m3fn, {1, 0, 1}}};
-  OwnedOutput first;
-  for (int threads : {1, 2, 3, 5}) {
-    Rng rng(404);
-    OwnedOutput got;
-    ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::bf16, &got));
-    if (threads == 1) {
-      first = got;
-    } else {
-      EXPECT_TRUE(same_bits(first, got)) << threads << " threads";
-    }
-  }
+  expect_oracle_and_same_bits(GetParam(), s, r, DType::bf16, 404, {1, 2, 3, 5});
 }
 
 // One group larger than the others' sum: with several threads its row tasks are cut into column
@@ -151,18 +160,7 @@ TEST_P(V2Gmm, SameBitsForAnyColumnSplit) {
                       {DType::float8_e4m3fn, {1, 0, 1}}};
   const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
   for (const GmmRecipe& r : {fp8, f32}) {
-    OwnedOutput first;
-    for (int threads : {1, 2, 3}) {
-      Rng rng(406);
-      OwnedOutput got;
-      ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::f32, &got))
-          << r.label << " " << threads << " threads";
-      if (threads == 1) {
-        first = got;
-      } else {
-        EXPECT_TRUE(same_bits(first, got)) << r.label << " " << threads << " threads";
-      }
-    }
+    expect_oracle_and_same_bits(GetParam(), s, r, DType::f32, 406, {1, 2, 3});
   }
 }
 
@@ -177,18 +175,7 @@ TEST_P(V2Gmm, RowsWithSmallCTakeAllColumns) {
                       {DType::float8_e4m3fn, {1, 0, 1}}};
   const GmmRecipe f32{"f32", {DType::f32}, {DType::f32}};
   for (const GmmRecipe& r : {fp8, f32}) {
-    OwnedOutput first;
-    for (int threads : {1, 2}) {
-      Rng rng(408);
-      OwnedOutput got;
-      ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(GetParam(), s, threads), DType::f32, &got))
-          << r.label << " " << threads << " threads";
-      if (threads == 1) {
-        first = got;
-      } else {
-        EXPECT_TRUE(same_bits(first, got)) << r.label;
-      }
-    }
+    expect_oracle_and_same_bits(GetParam(), s, r, DType::f32, 408, {1, 2});
   }
 }
 
