@@ -58,13 +58,11 @@ struct Job {
 // The whole call: its jobs and everything they share.
 struct Product {
   kernels::KernelKit kit;
-  Tiles tiles;                  // rows, contraction and columns per task
-  std::int64_t runs_chunk = 0;  // KernelKit::runs_chunk, 0 when the call requested tiles
-  // Tasks of more rows than a few whose C is small take all their columns (takes_all_columns);
-  // false when the call requested tiles, whose blocks of tiles.n columns it then keeps.
-  bool small_c_takes_all_columns = false;
-  std::int64_t n = 0;        // columns of C
-  std::int64_t segment = 1;  // scales are constant within aligned contraction segments
+  Tiles tiles;                   // rows, contraction and columns per task
+  std::int64_t runs_chunk = 0;   // KernelKit::runs_chunk, 0 when the call requested tiles
+  bool tiles_requested = false;  // Options::tiles set: blocks of tiles.n kept (takes_all_columns)
+  std::int64_t n = 0;            // columns of C
+  std::int64_t segment = 1;      // scales are constant within aligned contraction segments
   DType out_dtype = DType::f32;
   std::int64_t out_row_stride = 0;
   bool accumulate = false;
@@ -276,7 +274,7 @@ inline std::int64_t all_columns_chunk(const Product& p) {
 inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t rows) {
   if (job.b.source.k_stride == 1) return false;
   if (rows <= p.kit.few_rows) return true;
-  if (!p.small_c_takes_all_columns) return false;
+  if (p.tiles_requested) return false;
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t c_bytes =
       round_up(rows, f.mr) * round_up(p.n, f.nr) * static_cast<std::int64_t>(sizeof(float));
@@ -554,9 +552,8 @@ inline Product make_product(const kernels::KernelKit& kit, const Options& option
   Product p;
   p.kit = kit;
   p.tiles = resolve_tiles(kit, options.tiles);
-  const bool tiles_requested = options.tiles.k > 0 || options.tiles.n > 0;
-  p.runs_chunk = tiles_requested ? 0 : round_up(kit.runs_chunk, kit.format.depth);
-  p.small_c_takes_all_columns = !tiles_requested;
+  p.tiles_requested = options.tiles.k > 0 || options.tiles.n > 0;
+  p.runs_chunk = p.tiles_requested ? 0 : round_up(kit.runs_chunk, kit.format.depth);
   p.n = n;
   p.segment = segment;
   p.out_dtype = out_dtype;
