@@ -110,6 +110,32 @@ TEST_P(V2Tgmm, SameBitsForAnyThreadCount) {
   }
 }
 
+// A group longer than one contraction chunk, in narrow column blocks (B packed for all its
+// chunks within kWideBlockBytes: each panel of the lhs runs across the chunks, C one panel) and
+// in wide ones (B over 512 KiB: the chunks outermost, C the task's rows): right against the
+// oracle and the same bits both ways, the chunks' scaled sums added in the same order.
+TEST_P(V2Tgmm, ChunkOrderKeepsTheBits) {
+  const std::vector<TgmmRecipe> recipes = {{"bf16", {DType::bf16}, {DType::bf16}},
+                                           {"fp8",
+                                            {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 128)},
+                                            {DType::bf16, {}, dynamic(QType::float8_e5m2, 128)}}};
+  for (const TgmmRecipe& r : recipes) {
+    OwnedOutput narrow;
+    for (std::int64_t block_cols : {32, 1024}) {
+      Rng rng(616);
+      const CaseShape s{"long group", 640, 48, 1100, {600, 40}, 0, 0, {48, 128, block_cols}};
+      OwnedOutput got;
+      ASSERT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s), DType::f32, &got))
+          << r.label << " blocks of " << block_cols;
+      if (block_cols == 32) {
+        narrow = got;
+      } else {
+        EXPECT_TRUE(same_bits(narrow, got)) << r.label;
+      }
+    }
+  }
+}
+
 // True when two outputs of the same shape hold the same bits in every element (padding aside).
 ::testing::AssertionResult same_elements(const OwnedOutput& a, const OwnedOutput& b) {
   const std::size_t size = size_of(a.dtype);

@@ -373,12 +373,72 @@ inline bool output_kernel_fits(const Product& p) {
          0;
 }
 
+// One block of columns of a packed task whose A is packed whole (every chunk, one after the
+// other) and whose B blocks over all the chunks fit in `b_bytes`: B packed for every chunk, then
+// each A panel across the chunks (the kernel's first chunk stores, the others add, in chunk order
+// as the chunk-outer loop does) into one panel of C, stored when final. With the chunks
+// outermost, C held the task's rows (2048 x 256 fp32 for tgmm: all of L2) and went to memory and
+// back for every chunk. gmm_bench drhs, 2 threads, binaries alternated twice, ms: fp8-block
+// mixtral 67.2-69.1 -> 49.1-50.3, gptoss 25.9-26.2 -> 22.2-23.0, skewed 27.2-27.5 -> 24.6-24.7,
+// compute-bound 31.9-33.8 -> 29.5-29.9; fp8 compute-bound 27.8 -> 26.5-27.1; the other cells
+// within the noise (0.92x to 1.05x, among them cells whose groups are one chunk).
+inline void run_block_panel_over_chunks(const Product& p, const Job& job, const Task& t,
+                                        Workspace& ws, std::int64_t chunk_count, std::int64_t b0,
+                                        std::int64_t cols, std::int64_t ldc, std::size_t b_bytes) {
+  const kernels::PackedFormat& f = p.kit.format;
+  const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
+  ws.b_scales.resize(static_cast<std::size_t>(chunk_count * ldc));
+  ws.b_packed.resize(b_bytes);
+  std::size_t b_offset = 0;
+  for (std::int64_t c = 0; c < chunk_count; ++c) {
+    const std::int64_t k = ws.chunks[c], kc = ws.chunks[c + 1] - k;
+    float* b_scales = ws.b_scales.data() + c * ldc;
+    chunk_scales(job.b, table(p, job.b_table), b0, cols, ldc, k, b_scales);
+    p.kit.pack_b(job.b.source, f.nr, b0, cols, k, kc, b_scales, ws.b_packed.data() + b_offset);
+    b_offset += (ldc / f.nr) * f.panel_bytes(f.nr, kc);
+  }
+  const std::int64_t tiles = ldc / f.nr;
+  for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
+    const bool few = rows - ir <= p.kit.few_rows;
+    const int valid_rows = static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir));
+    std::size_t a_offset = 0;
+    b_offset = 0;
+    for (std::int64_t c = 0; c < chunk_count; ++c) {
+      const std::int64_t kc = ws.chunks[c + 1] - ws.chunks[c], steps = f.steps(kc);
+      const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
+      const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
+      // the same panel of the next rows, into L2 a share of its lines with each tile
+      const std::int64_t next_lines =
+          ir + f.mr < rows_padded
+              ? round_up(static_cast<std::int64_t>(a_panel), kernels::kCacheLineBytes) /
+                    kernels::kCacheLineBytes
+              : 0;
+      const std::int64_t lines_per_tile = (next_lines + tiles - 1) / tiles;
+      for (std::int64_t tile = 0; tile < tiles; ++tile) {
+        const std::int64_t jr = tile * f.nr;
+        for (std::int64_t line = tile * lines_per_tile;
+             line < std::min(next_lines, (tile + 1) * lines_per_tile); ++line) {
+          kernels::prefetch_line_l2(a_rows + a_panel + line * kernels::kCacheLineBytes);
+        }
+        (few ? p.kit.few_rows_kernel : p.kit.kernel)(
+            steps, a_rows, ws.b_packed.data() + b_offset + tile * b_panel, ws.c.data() + jr, ldc,
+            ws.a_scales.data() + c * rows_padded + ir, ws.b_scales.data() + c * ldc + jr, c == 0,
+            valid_rows);
+      }
+      a_offset += (rows_padded / f.mr) * a_panel;
+      b_offset += tiles * b_panel;
+    }
+    write_rows(p, job, t.a0 + ir, t.a0 + ir + valid_rows, b0, cols, ws.c.data(), ldc);
+  }
+}
+
 // Computes one task whose B is packed: pack the task's A rows over the whole contraction once
 // (quantizing in the kernel where asked), then per block of tiles.n columns and contraction
 // chunk pack the B panels and run the micro-kernel across the B block for each A panel (the A
 // panel stays in L1 while the B block, tiles.k x tiles.n, streams from L2); in the last chunk,
 // each A panel's rows of C are stored as soon as the kernel has run across the block (or, with
-// one chunk and an output past the caches, each tile by the kit's output kernel).
+// one chunk and an output past the caches, each tile by the kit's output kernel; with several
+// chunks whose B blocks fit in L2 together, run_block_panel_over_chunks).
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -456,9 +516,19 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     a_offset += (rows_padded / f.mr) * f.panel_bytes(f.mr, ws.chunks[c + 1] - ws.chunks[c]);
   }
 
+  // Several chunks whose B blocks fit in L2 together (short contractions cut at scale segments
+  // or tiles.k, as tgmm's larger groups): B is packed for every chunk and each A panel runs
+  // across all the chunks before the next, so C holds one panel and not the task's rows.
+  std::size_t b_all_chunks_bytes = 0;
+  for (std::int64_t c = 0; c < chunk_count; ++c) {
+    b_all_chunks_bytes +=
+        (round_up(block_cols, f.nr) / f.nr) * f.panel_bytes(f.nr, ws.chunks[c + 1] - ws.chunks[c]);
+  }
+  const bool panel_over_chunks =
+      chunk_count > 1 && whole_a && b_all_chunks_bytes <= static_cast<std::size_t>(kWideBlockBytes);
   // C holds the task's rows across the contraction chunks; with at most one chunk, each A
   // panel's rows are final once the kernel has run across the block, so C holds one panel.
-  const std::int64_t c_rows = chunk_count <= 1 ? f.mr : rows_padded;
+  const std::int64_t c_rows = chunk_count <= 1 || panel_over_chunks ? f.mr : rows_padded;
   const auto c_panel = [&](std::int64_t ir, std::int64_t ldc) {
     return ws.c.data() + (chunk_count <= 1 ? 0 : ir * ldc);
   };
@@ -472,6 +542,10 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     const std::int64_t cols = std::min(block_cols, t.n1 - b0), ldc = round_up(cols, f.nr);
     ws.c.resize(static_cast<std::size_t>(c_rows * ldc));
     ws.b_scales.resize(static_cast<std::size_t>(ldc));
+    if (panel_over_chunks) {
+      run_block_panel_over_chunks(p, job, t, ws, chunk_count, b0, cols, ldc, b_all_chunks_bytes);
+      continue;
+    }
     ws.b_packed.resize((ldc / f.nr) * f.panel_bytes(f.nr, longest_chunk));
     a_offset = 0;
     for (std::int64_t c = 0; c < chunk_count; ++c) {
