@@ -758,10 +758,12 @@ GMM_TARGET_AVX512 __attribute__((always_inline)) inline void stream_out_tile_avx
 // Steps ahead of the FMA kernels' B loads that their lines are prefetched into L1. The driver
 // sweeps each A panel (in L1) across the block's B panels, which come from L2, a step's
 // 16 * kNv floats at a time; the prefetches go on into the next B panel, which the sweep reads
-// next. 6 x 64 kernel, 128 steps, 1 thread on a Sapphire Rapids-class VM: 256 KiB of B panels
-// 143-146 -> 158-162 GFLOP/s (4, 8 and 16 steps within 3% of each other), one 32 KiB panel (in
-// L1) 177-180 -> 171-173; compute-bound fp32 forward, 1024 x 4096 x 4096: 1 thread 230-239 ->
-// 222-231 ms, 2 threads 115.6-118.0 -> 110.4-113.4 ms (medians of 5).
+// next (a prefetch past the last panel's end does not fault). 6 x 64 kernel, 128 steps, 1 thread
+// on a Sapphire Rapids-class VM: 256 KiB of B panels 143-146 -> 158-162 GFLOP/s (4, 8 and 16
+// steps within 3% of each other), one 32 KiB panel (in L1) 177-180 -> 171-173; compute-bound fp32
+// forward, 1024 x 4096 x 4096, medians of 5: 1 thread 230-239 -> 222-231 ms, 2 threads
+// 115.6-118.0 -> 110.4-113.4 ms in one run and within the noise in another, as were gmm_bench's
+// fp32 cells (0.97x to 1.04x).
 constexpr std::int64_t kFmaPrefetchSteps = 8;
 
 // Contraction loop of the fp32 FMA kernels: kMr x (16 * kNv) accumulators; per step one
