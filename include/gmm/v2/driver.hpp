@@ -373,6 +373,22 @@ inline bool output_kernel_fits(const Product& p) {
          0;
 }
 
+// Lines of a packed panel of `bytes`.
+inline std::int64_t panel_lines(std::size_t bytes) {
+  return round_up(static_cast<std::int64_t>(bytes), kernels::kCacheLineBytes) /
+         kernels::kCacheLineBytes;
+}
+
+// Prefetches into L2 the share of the first `lines` lines of `panel` that tiles [tile0, tile1)
+// carry, `per_tile` lines each: run_task sends the next A panel a share with each tile.
+inline void prefetch_panel_share(const unsigned char* panel, std::int64_t lines,
+                                 std::int64_t per_tile, std::int64_t tile0, std::int64_t tile1) {
+  const std::int64_t end = std::min(lines, tile1 * per_tile);
+  for (std::int64_t line = tile0 * per_tile; line < end; ++line) {
+    kernels::prefetch_line_l2(panel + line * kernels::kCacheLineBytes);
+  }
+}
+
 // One block of columns of a packed task whose A is packed whole (every chunk, one after the
 // other) and whose B blocks over all the chunks fit in `b_bytes`: B packed for every chunk, then
 // each A panel across the chunks (the kernel's first chunk stores, the others add, in chunk order
@@ -408,18 +424,11 @@ inline void run_block_panel_over_chunks(const Product& p, const Job& job, const 
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
       const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
       // the same panel of the next rows, into L2 a share of its lines with each tile
-      const std::int64_t next_lines =
-          ir + f.mr < rows_padded
-              ? round_up(static_cast<std::int64_t>(a_panel), kernels::kCacheLineBytes) /
-                    kernels::kCacheLineBytes
-              : 0;
+      const std::int64_t next_lines = ir + f.mr < rows_padded ? panel_lines(a_panel) : 0;
       const std::int64_t lines_per_tile = (next_lines + tiles - 1) / tiles;
       for (std::int64_t tile = 0; tile < tiles; ++tile) {
         const std::int64_t jr = tile * f.nr;
-        for (std::int64_t line = tile * lines_per_tile;
-             line < std::min(next_lines, (tile + 1) * lines_per_tile); ++line) {
-          kernels::prefetch_line_l2(a_rows + a_panel + line * kernels::kCacheLineBytes);
-        }
+        prefetch_panel_share(a_rows + a_panel, next_lines, lines_per_tile, tile, tile + 1);
         (few ? p.kit.few_rows_kernel : p.kit.kernel)(
             steps, a_rows, ws.b_packed.data() + b_offset + tile * b_panel, ws.c.data() + jr, ldc,
             ws.a_scales.data() + c * rows_padded + ir, ws.b_scales.data() + c * ldc + jr, c == 0,
@@ -541,11 +550,11 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   for (std::int64_t b0 = t.n0; b0 < t.n1; b0 += block_cols) {
     const std::int64_t cols = std::min(block_cols, t.n1 - b0), ldc = round_up(cols, f.nr);
     ws.c.resize(static_cast<std::size_t>(c_rows * ldc));
-    ws.b_scales.resize(static_cast<std::size_t>(ldc));
     if (panel_over_chunks) {
       run_block_panel_over_chunks(p, job, t, ws, chunk_count, b0, cols, ldc, b_all_chunks_bytes);
       continue;
     }
+    ws.b_scales.resize(static_cast<std::size_t>(ldc));
     ws.b_packed.resize((ldc / f.nr) * f.panel_bytes(f.nr, longest_chunk));
     a_offset = 0;
     for (std::int64_t c = 0; c < chunk_count; ++c) {
@@ -557,9 +566,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
       const float* a_scales = ws.a_scales.data() + c * rows_padded;
       const std::int64_t tiles = ldc / f.nr;
-      const std::int64_t a_panel_lines =
-          round_up(static_cast<std::int64_t>(a_panel), kernels::kCacheLineBytes) /
-          kernels::kCacheLineBytes;
+      const std::int64_t a_panel_lines = panel_lines(a_panel);
       // The next A panel, from memory, goes into L2 a share of its lines with each tile (all at
       // once, the prefetches stalled on the core's fill buffers: 4% of the compute-bound fp8
       // forward on Ice Lake, 1 thread). The share is divided out here, once per chunk: two 64-bit
@@ -569,10 +576,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
         const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
         const std::int64_t next_lines = whole_a && ir + f.mr < rows_padded ? a_panel_lines : 0;
         const auto prefetch_next_panel = [&](std::int64_t tile0, std::int64_t tile1) {
-          const std::int64_t end = std::min(next_lines, tile1 * lines_per_tile);
-          for (std::int64_t line = tile0 * lines_per_tile; line < end; ++line) {
-            kernels::prefetch_line_l2(a_rows + a_panel + line * kernels::kCacheLineBytes);
-          }
+          prefetch_panel_share(a_rows + a_panel, next_lines, lines_per_tile, tile0, tile1);
         };
         float* c_rows_of_panel = c_panel(ir, ldc);
         const bool few = rows - ir <= p.kit.few_rows;
