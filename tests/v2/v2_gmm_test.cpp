@@ -336,8 +336,8 @@ TEST(V2Isa, ForcingAMissingPathThrows) {
   EXPECT_EQ(kernels::resolve_isa("test", Isa::automatic, avx2_only), Isa::avx2);
 }
 
-// Automatic runs vdpbf16ps for bf16-exact data only where it outpaces fp32 FMA; forcing
-// avx512bf16 always runs it; fp32 data always runs an FMA kernel.
+// Automatic runs vdpbf16ps for bf16-exact data only where it outpaces fp32 FMA, and AMX but for
+// the shortest contractions; a forced path always runs; fp32 data always runs an FMA kernel.
 TEST(V2Isa, AutomaticPicksTheFasterKernel) {
   kernels::CpuFeatures intel{true, true, true, false};
   kernels::CpuFeatures zen4{true, true, true, true};
@@ -351,6 +351,17 @@ TEST(V2Isa, AutomaticPicksTheFasterKernel) {
   EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, sapphire_rapids).isa, Isa::amx);
   EXPECT_EQ(kernels::call_kit("test", Isa::automatic, false, sapphire_rapids).isa, Isa::avx512f);
   EXPECT_THROW(kernels::call_kit("test", Isa::amx, true, intel), Error);
+  // contractions of one or two (tgmm's groups in decode) pass over AMX unless it is forced
+  const std::int64_t shortest = kernels::kAmxShortestContraction;
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, sapphire_rapids, shortest - 1).isa,
+            Isa::avx512f);
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, sapphire_rapids, shortest).isa,
+            Isa::amx);
+  EXPECT_EQ(kernels::call_kit("test", Isa::amx, true, sapphire_rapids, 1).isa, Isa::amx);
+  kernels::CpuFeatures amx_with_fast_dot = zen4;
+  amx_with_fast_dot.amx = true;
+  EXPECT_EQ(kernels::call_kit("test", Isa::automatic, true, amx_with_fast_dot, 1).isa,
+            Isa::avx512bf16);
 }
 
 TEST(V2Isa, EnvironmentForcesAPath) {

@@ -261,5 +261,44 @@ TEST_P(V2Tgmm, NanStaysInItsGroup) {
 
 INSTANTIATE_TEST_SUITE_P(Isa, V2Tgmm, ::testing::ValuesIn(supported_isas()), isa_param_name);
 
+// Automatic passes over AMX for a tgmm whose groups have at most two rows (decode; see
+// kernels::kAmxShortestContraction), and that changes no bits: the same outputs as forced AMX,
+// fp8 (both operands quantized in the kernel) and bf16, f32 and bf16 outputs, an empty group
+// included. With a group of three rows, automatic keeps AMX.
+TEST(V2TgmmIsa, GroupsOfTwoRowsLeaveAmxWithTheSameBits) {
+  if (!kernels::isa_supported(Isa::amx)) GTEST_SKIP() << "this CPU has no AMX";
+  const TgmmRecipe fp8{"fp8",
+                       {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)},
+                       {DType::bf16, {}, dynamic(QType::float8_e5m2, 0)}};
+  const TgmmRecipe bf16{"bf16", {DType::bf16}, {DType::bf16}};
+  const CaseShape s{"decode", 10, 300, 260, {1, 2, 0, 1, 2, 2, 1, 1}};
+  const Isa without_amx = kernels::call_kit("test", Isa::automatic, true, kernels::cpu_features(),
+                                            kernels::kAmxShortestContraction - 1)
+                              .isa;
+  EXPECT_NE(without_amx, Isa::amx);
+  for (const TgmmRecipe& r : {fp8, bf16}) {
+    for (DType out : {DType::f32, DType::bf16}) {
+      OwnedOutput amx, automatic;
+      Rng amx_rng(717), automatic_rng(717);
+      ASSERT_TRUE(run_tgmm_case(amx_rng, s, r, make_options(Isa::amx, s), out, &amx))
+          << r.label << " " << name(out);
+      CallTrace trace;
+      Options o = make_options(Isa::automatic, s);
+      o.trace = &trace;
+      ASSERT_TRUE(run_tgmm_case(automatic_rng, s, r, o, out, &automatic))
+          << r.label << " " << name(out);
+      EXPECT_EQ(trace.isa, without_amx) << r.label << " " << name(out);
+      EXPECT_TRUE(same_bits(amx, automatic)) << r.label << " " << name(out);
+    }
+  }
+  CallTrace trace;
+  Options o = make_options(Isa::automatic, s);
+  o.trace = &trace;
+  Rng rng(718);
+  ASSERT_TRUE(run_tgmm_case(rng, {"three rows", 11, 300, 260, {1, 2, 0, 1, 3, 2, 1, 1}}, fp8, o,
+                            DType::f32));
+  EXPECT_EQ(trace.isa, kernels::call_kit("test", Isa::automatic, true).isa);
+}
+
 }  // namespace
 }  // namespace gmm::test::v2

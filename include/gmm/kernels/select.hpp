@@ -1,7 +1,9 @@
 // Picks the kernel kit of an ISA path for a problem's data: bf16 dot product or fp32 FMA.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 
 #include "gmm/kernels/amx.hpp"
 #include "gmm/kernels/avx2.hpp"
@@ -38,14 +40,31 @@ inline KernelKit select_kit(Isa isa, bool bf16_exact) {
   return scalar_kit();
 }
 
+// Contractions no longer than this (tgmm's groups of one or two rows, as in decode) leave the
+// AMX kit to the path automatic takes without AMX: AMX pads the contraction to a 32-index tile
+// step and pays a whole 32 x 32 tile epilogue per product, where the AVX-512 kits' output kernels
+// store their rows straight from registers. fp8 drhs, K = N = 4096, 8 groups of r rows, 2 threads
+// on a Sapphire Rapids-class VM, ms: r = 1: AMX 10.3-11.6, AVX-512F 6.7-7.1, AVX512_BF16
+// 7.0-7.8; r = 2: 10.6-11.3 against 6.9-7.6 and 6.8-7.4; r = 4: level (10.6 against 10.6);
+// r = 8: AMX ahead, 10.5 against AVX512_BF16's 14.4. Products of fp8 or bf16 values are exact in
+// fp32 and two of them are summed with one rounding on every path, so the choice changes no bits
+// but where subnormal inputs or sums appear (AMX takes them as zero).
+constexpr std::int64_t kAmxShortestContraction = 3;
+
 // The kit of a call: `requested` is Options::isa. A forced path (option or GMM_ISA) runs its
 // own kernels; automatic runs the widest path, except that bf16-exact data takes the AVX-512F
-// fp32 FMA kernel where vdpbf16ps is the slower of the two (CpuFeatures::bf16_dot_beats_fma).
-inline KernelKit call_kit(const char* where, Isa requested, bool bf16_exact,
-                          const CpuFeatures& features = cpu_features()) {
-  const Isa isa = resolve_isa(where, requested, features);
+// fp32 FMA kernel where vdpbf16ps is the slower of the two (CpuFeatures::bf16_dot_beats_fma),
+// and that a call whose longest contraction is shorter than kAmxShortestContraction passes over
+// AMX.
+inline KernelKit call_kit(
+    const char* where, Isa requested, bool bf16_exact, const CpuFeatures& features = cpu_features(),
+    std::int64_t longest_contraction = std::numeric_limits<std::int64_t>::max()) {
+  Isa isa = resolve_isa(where, requested, features);
   const char* env = std::getenv("GMM_ISA");
   const bool forced = requested != Isa::automatic || (env != nullptr && *env != '\0');
+  if (!forced && isa == Isa::amx && longest_contraction < kAmxShortestContraction) {
+    isa = Isa::avx512bf16;
+  }
   if (!forced && isa == Isa::avx512bf16 && !features.bf16_dot_beats_fma) {
     return select_kit(Isa::avx512f, bf16_exact);
   }

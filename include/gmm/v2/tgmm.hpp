@@ -110,10 +110,15 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
 }  // namespace detail
 
 inline void tgmm(const TgmmProblem& p, const Options& options) {
+  std::int64_t longest_group = 0;  // the longest contraction (kernels::call_kit)
+  for (std::int64_t g = 0; g < p.groups.count(); ++g) {
+    longest_group = std::max<std::int64_t>(longest_group, p.groups.size(g));
+  }
   const kernels::KernelKit kit =
       kernels::call_kit("gmm::v2::tgmm", options.isa,
                         detail::exact_in_bf16(p.lhs.dtype, p.quantize_lhs.has_value()) &&
-                            detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()));
+                            detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()),
+                        kernels::cpu_features(), longest_group);
   detail::Product product = detail::make_product(kit, options, p.n, p.m_segment, p.out.dtype,
                                                  p.out.row_stride, p.accumulate);
   product.tiles = detail::tgmm_tiles(product, options, p.groups, p.quantize_rhs.has_value());
