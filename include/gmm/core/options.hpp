@@ -15,8 +15,9 @@ namespace gmm {
 enum class Family : std::uint8_t { v1, v2 };
 
 // Micro-kernel instruction set. `automatic` takes the widest the CPU has, or the GMM_ISA
-// environment variable (scalar, avx2, avx512f, avx512bf16, amx) when set. amx is Intel AMX
-// (tile registers, bf16 tile dot products).
+// environment variable (scalar, avx2, avx512f, avx512bf16, amx) when set; where a narrower path
+// is faster for the data it runs that one (kernels::call_kit: CallTrace::isa says which ran).
+// amx is Intel AMX (tile registers, bf16 tile dot products).
 enum class Isa : std::uint8_t { automatic, scalar, avx2, avx512f, avx512bf16, amx };
 
 constexpr std::string_view name(Family f) { return f == Family::v1 ? "v1" : "v2"; }
