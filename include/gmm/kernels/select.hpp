@@ -40,15 +40,17 @@ inline KernelKit select_kit(Isa isa, bool bf16_exact) {
   return scalar_kit();
 }
 
-// Contractions no longer than this (tgmm's groups of one or two rows, as in decode) leave the
-// AMX kit to the path automatic takes without AMX: AMX pads the contraction to a 32-index tile
-// step and pays a whole 32 x 32 tile epilogue per product, where the AVX-512 kits' output kernels
-// store their rows straight from registers. fp8 drhs, K = N = 4096, 8 groups of r rows, 2 threads
-// on a Sapphire Rapids-class VM, ms: r = 1: AMX 10.3-11.6, AVX-512F 6.7-7.1, AVX512_BF16
-// 7.0-7.8; r = 2: 10.6-11.3 against 6.9-7.6 and 6.8-7.4; r = 4: level (10.6 against 10.6);
-// r = 8: AMX ahead, 10.5 against AVX512_BF16's 14.4. Products of fp8 or bf16 values are exact in
-// fp32 and two of them are summed with one rounding on every path, so the choice changes no bits
-// but where subnormal inputs or sums appear (AMX takes them as zero).
+// Contractions shorter than this (tgmm's groups of one or two rows, as in decode) leave the AMX
+// kit to the path automatic takes without AMX: AMX pads the contraction to a 32-index tile step
+// and pays a whole 32 x 32 tile epilogue per product, where the AVX-512 kits' output kernels store
+// their rows straight from registers. fp8 drhs, K = N = 4096, 8 groups of r rows, 2 threads on a
+// Sapphire Rapids-class VM, ms, AMX against AVX-512F: r = 1: 10.3-11.6 against 6.7-7.1, r = 2:
+// 10.6-11.3 against 6.9-7.6, r = 3: 10.3-11.3 against 7.6-8.6, r = 4: 9.5-11.0 against 8.3-8.9,
+// r = 6 level, r = 8: 10.1-10.5 against 11.5-11.7. The bound stays at two so that the choice
+// changes no bits: products of fp8 or bf16 values are exact in fp32, and two of them are summed
+// with one rounding on every path (except where subnormal inputs or sums appear, which AMX takes as
+// zero); AMX adds three or more in another order than the FMA kernel (5 of 2M fp8 elements
+// differed with three rows), and a group's result would then depend on the other groups' sizes.
 constexpr std::int64_t kAmxShortestContraction = 3;
 
 // The kit of a call: `requested` is Options::isa. A forced path (option or GMM_ISA) runs its
