@@ -1,6 +1,7 @@
 // Validation of a gmm / tgmm call and its normalized description, shared by every family.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -18,6 +19,12 @@ struct GroupRows {
   std::vector<std::int64_t> end;
   std::int64_t size(std::int64_t g) const { return end[g] - begin[g]; }
   std::int64_t count() const { return static_cast<std::int64_t>(begin.size()); }
+  // Rows of the largest group (0 when there is none).
+  std::int64_t longest() const {
+    std::int64_t rows = 0;
+    for (std::int64_t g = 0; g < count(); ++g) rows = std::max(rows, size(g));
+    return rows;
+  }
 };
 
 // A validated gmm call: out[r, :] = lhs[r, :] @ W_g for the rows r of local group g.

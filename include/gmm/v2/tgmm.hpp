@@ -77,12 +77,12 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
                         bool rhs_quantized_here) {
   Tiles tiles = product.tiles;
   if (options.tiles.m > 0 || options.tiles.n > 0) return tiles;
-  std::int64_t rows = 0, used = 0, longest = 1;
+  std::int64_t rows = 0, used = 0;
   for (std::int64_t g = 0; g < groups.count(); ++g) {
     rows += groups.size(g);
     used += groups.size(g) > 0;
-    longest = std::max<std::int64_t>(longest, groups.size(g));
   }
+  const std::int64_t longest = std::max<std::int64_t>(1, groups.longest());
   const std::int64_t nr = product.kit.format.nr;
   std::int64_t factor = 1;
   while (factor < 4 && (factor * 2) * rows <= tiles.k * used && tiles.n / (factor * 2) >= 2 * nr) {
@@ -110,15 +110,11 @@ inline Tiles tgmm_tiles(const Product& product, const Options& options, const Gr
 }  // namespace detail
 
 inline void tgmm(const TgmmProblem& p, const Options& options) {
-  std::int64_t longest_group = 0;  // the longest contraction (kernels::call_kit)
-  for (std::int64_t g = 0; g < p.groups.count(); ++g) {
-    longest_group = std::max<std::int64_t>(longest_group, p.groups.size(g));
-  }
   const kernels::KernelKit kit =
       kernels::call_kit("gmm::v2::tgmm", options.isa,
                         detail::exact_in_bf16(p.lhs.dtype, p.quantize_lhs.has_value()) &&
                             detail::exact_in_bf16(p.rhs.dtype, p.quantize_rhs.has_value()),
-                        kernels::cpu_features(), longest_group);
+                        kernels::cpu_features(), p.groups.longest());
   detail::Product product = detail::make_product(kit, options, p.n, p.m_segment, p.out.dtype,
                                                  p.out.row_stride, p.accumulate);
   product.tiles = detail::tgmm_tiles(product, options, p.groups, p.quantize_rhs.has_value());
