@@ -149,6 +149,14 @@ GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void
 // compute-bound 36-37 -> 31-37 ms; 1024 x 256 was level on the compute-bound shape and 45-47 ms
 // on mixtral's). Short groups, 2048 x 128 against 768 x 128, ms: qwen3-30b 8.1-8.5 against
 // 9.1-10.1, gptoss 19.1-20.2 against 21.5-23.6, dsv3-up 27.3-29.6 against 29.8-30.5.
+// Transposed weights (dlhs) of tasks with fewer rows than a block has columns are read in chunks
+// of up to 2048 (runs_chunk), each lane's run whole or in long pieces, over narrower blocks.
+// Scratch dlhs, 2 threads, ms, chunks of 256 (no runs_chunk) against 2048: bf16 weights,
+// dsv3-down 32.0 -> 23.0-23.3, dsv3-up 38.9 -> 28.5, skewed-uniform 32.0 -> 22.6, gptoss 26.2 ->
+// 18.6-18.7, mixtral 50.7 -> 42.0-42.2, qwen3-30b level (8.6-9.0 against 8.6-8.9), compute-bound
+// level (its 512-row tasks keep their blocks); fp8 weights (per-channel), dsv3-down 20.0 -> 18.7,
+// mixtral 40.5 -> 39.1, the others level. 512 and 1024 gave less (dsv3-down 27.5, 26.2;
+// skewed-uniform 25.1 with 1024); 4096 and 8192 no more than 2048.
 inline KernelKit amx_kit() {
   KernelKit kit;
   kit.isa = Isa::amx;
@@ -168,6 +176,7 @@ inline KernelKit amx_kit() {
   kit.end = amx_end;
   kit.tiles = {512, 256, 512};
   kit.quantized_rhs_tiles = {2048, 256, 256};
+  kit.runs_chunk = 2048;
   return kit;
 }
 
