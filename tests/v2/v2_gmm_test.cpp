@@ -77,8 +77,9 @@ TEST_P(V2Gmm, LargeAblockRepackedPerColumnBlock) {
 // Without requested tiles, dlhs's transposed weights (contiguous contraction runs) are packed in
 // the kits' longer contraction chunks over narrower column blocks: several of each here (a
 // contraction of 6300, which AMX's chunks of up to 2048 cut in three, as do the fp8 recipe's
-// 2100-long scale blocks; 130 columns, three blocks; groups past the streaming kernels' rows); the
-// group of 140 rows keeps blocks as wide as its rows, with a chunk between the kit's and tiles.k.
+// 2100-long scale blocks; 130 columns, three blocks on the AMX and AVX-512F kits; groups past the
+// streaming kernels' rows); the group of 140 rows keeps blocks as wide as its rows, with a chunk
+// between the kit's and tiles.k.
 TEST_P(V2Gmm, TransposedWeightsInLongChunks) {
   Rng rng(262);
   const CaseShape s{"runs", 180, 6300, 130, {17, 23, 140}};
