@@ -316,42 +316,37 @@ GMM_TARGET_AVX512 void pack_avx512_transposing(const PanelSource& src, int width
           _mm512_mask_storeu_epi16(at(lane + l, 0) + k, store, _mm512_castps_si512(r[l]));
         }
       }
-      continue;
-    }
-    for (std::int64_t k = 0; k < padded_k; k += 16) {
-      __m512 r[16];
+    } else {
+      for (std::int64_t k = 0; k < padded_k; k += 16) {
+        __m512 r[16];
 #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) {
-        if (runs_along_lanes) {  // run i: contraction index k + i, 16 lanes
-          const __mmask16 valid = k + i < kc ? live : 0;
-          r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
-              src.data, (lane0 + lane) * src.lane_stride + (k0 + k + i) * src.k_stride, 1, valid,
-              lane_scale);
-        } else {  // run i: lane + i, 16 contraction indices
-          const __mmask16 valid = ((live >> i) & 1) ? first_lanes(kc - k) : 0;
-          r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
-              src.data, (lane0 + lane + i) * src.lane_stride + (k0 + k) * src.k_stride, 1, valid,
-              run_scales[i]);
-        }
-      }
-      transpose16(r);
-      if constexpr (runs_along_lanes) {  // r[l]: lane + l over contraction k .. k + 15
-        const __mmask16 store = first_lanes(padded_k - k);
-        for (int l = 0; l < 16 && lane + l < panel_lanes; ++l) {
-          Element* dst = at(lane + l, 0) + k;
-          if constexpr (kElement == PackedElement::f32) {
-            _mm512_mask_storeu_ps(dst, store, r[l]);
-          } else {
-            _mm256_mask_storeu_epi16(dst, store, to_bf16_words(r[l]));
+        for (int i = 0; i < 16; ++i) {
+          if (runs_along_lanes) {  // run i: contraction index k + i, 16 lanes
+            const __mmask16 valid = k + i < kc ? live : 0;
+            r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
+                src.data, (lane0 + lane) * src.lane_stride + (k0 + k + i) * src.k_stride, 1, valid,
+                lane_scale);
+          } else {  // run i: lane + i, 16 contraction indices
+            const __mmask16 valid = ((live >> i) & 1) ? first_lanes(kc - k) : 0;
+            r[i] = LoadQuantized::run<kDtype, kQ, kQuantize>(
+                src.data, (lane0 + lane + i) * src.lane_stride + (k0 + k) * src.k_stride, 1, valid,
+                run_scales[i]);
           }
         }
-      } else {  // r[j]: contraction index k + j over lanes lane .. lane + 15
-        for (int j = 0; j < 16 && k + j < padded_k; j += depth) {
-          Element* dst = at(lane, (k + j) / depth);
-          if constexpr (kElement == PackedElement::f32) {
-            _mm512_storeu_ps(dst, r[j]);
-          } else {
-            _mm512_storeu_si512(dst, to_bf16_pairs(r[j], r[j + 1]));
+        transpose16(r);
+        if constexpr (runs_along_lanes) {  // f32 (bf16 above): lane + l over k .. k + 15
+          const __mmask16 store = first_lanes(padded_k - k);
+          for (int l = 0; l < 16 && lane + l < panel_lanes; ++l) {
+            _mm512_mask_storeu_ps(at(lane + l, 0) + k, store, r[l]);
+          }
+        } else {  // r[j]: contraction index k + j over lanes lane .. lane + 15
+          for (int j = 0; j < 16 && k + j < padded_k; j += depth) {
+            Element* dst = at(lane, (k + j) / depth);
+            if constexpr (kElement == PackedElement::f32) {
+              _mm512_storeu_ps(dst, r[j]);
+            } else {
+              _mm512_storeu_si512(dst, to_bf16_pairs(r[j], r[j + 1]));
+            }
           }
         }
       }
