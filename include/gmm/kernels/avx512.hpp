@@ -509,17 +509,28 @@ GMM_TARGET_AVX512 void absmax_avx512_typed(const PanelSource& src, std::int64_t 
     }
   } else {  // lanes contiguous: sweep row by row, up to 256 lanes at a time
     constexpr std::int64_t kBlock = 256;
+    // Every line of a row's lanes is prefetched this many rows ahead: rows a page apart (as
+    // tgmm's K = 2048 bf16 activations) are each a few lines in a fresh page, which the hardware
+    // prefetchers did not fetch ahead. Scratch, 2048 x 2048 bf16 in blocks of 512 rows x 256
+    // lanes, 1 thread, GB/s: 10.4 with one line 4 rows ahead, 17.4 with every line 8 ahead (15.3
+    // at 4, 15.2 at 16, 7.8 with none); 1408 lanes: 10.0 -> 16.4. tgmm's fp8 recipe, groups of
+    // 256 rows, K = 2048, N = 1408, 1 thread, medians of four runs: 28.8-30.2 -> 27.9-28.5 ms.
+    constexpr std::int64_t kRowsAhead = 8;
+    const std::int64_t element = static_cast<std::int64_t>(size_of(kDtype));
     for (std::int64_t w0 = 0; w0 < lanes; w0 += kBlock) {
       const std::int64_t count = std::min(kBlock, lanes - w0);
+      const std::int64_t row_span = src.lane_stride == 1 ? count * element : 1;  // else a line
       __m512 m[kBlock / 16];
       __mmask16 nan[kBlock / 16] = {};
       for (auto& v : m) v = _mm512_setzero_ps();
       for (std::int64_t k = k_begin; k < k_end; ++k) {
         const std::int64_t row = (lane0 + w0) * src.lane_stride + k * src.k_stride;
-        if (k + 4 < k_end) {
-          _mm_prefetch(static_cast<const char*>(src.data) +
-                           (row + 4 * src.k_stride) * static_cast<std::int64_t>(size_of(kDtype)),
-                       _MM_HINT_T0);
+        if (k + kRowsAhead < k_end) {
+          const char* ahead =
+              static_cast<const char*>(src.data) + (row + kRowsAhead * src.k_stride) * element;
+          for (std::int64_t b = 0; b < row_span; b += kCacheLineBytes) {
+            _mm_prefetch(ahead + b, _MM_HINT_T0);
+          }
         }
         for (std::int64_t v = 0; v * 16 < count; ++v) {
           const std::int64_t index = row + v * 16 * src.lane_stride;
