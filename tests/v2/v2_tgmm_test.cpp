@@ -111,10 +111,12 @@ TEST_P(V2Tgmm, SameBitsForAnyThreadCount) {
   }
 }
 
-// A group longer than one contraction chunk, in narrow column blocks (B packed for all its
-// chunks within kWideBlockBytes: each panel of the lhs runs across the chunks, C one panel) and
-// in wide ones (B over 512 KiB: the chunks outermost, C the task's rows): right against the
-// oracle and the same bits both ways, the chunks' scaled sums added in the same order.
+// A group longer than one contraction chunk (600 rows, chunks of 128), in narrow column blocks
+// (B packed for all its chunks within kWideBlockBytes: each panel of the lhs runs across the
+// chunks, C one panel), in wide ones (B over 512 KiB: the chunks outermost, C the task's 416
+// rows, 832 KiB) and in wider ones (C of the task's rows over kTaskOfCBytes: passes of the lhs
+// panels across the chunks, 128 rows at a time): right against the oracle and the same bits all
+// three ways, the chunks' scaled sums added in the same order.
 TEST_P(V2Tgmm, ChunkOrderKeepsTheBits) {
   const std::vector<TgmmRecipe> recipes = {{"bf16", {DType::bf16}, {DType::bf16}},
                                            {"fp8",
@@ -122,16 +124,17 @@ TEST_P(V2Tgmm, ChunkOrderKeepsTheBits) {
                                             {DType::bf16, {}, dynamic(QType::float8_e5m2, 128)}}};
   for (const TgmmRecipe& r : recipes) {
     OwnedOutput narrow;
-    for (std::int64_t block_cols : {32, 1024}) {
+    for (std::int64_t block_cols : {32, 512, 1024}) {
       Rng rng(616);
-      const CaseShape s{"long group", 640, 48, 1100, {600, 40}, 0, 0, {48, 128, block_cols}};
+      const std::int64_t lanes = gmm::v2::detail::kTaskOfCBytes / (1024 * 4) + 32;
+      const CaseShape s{"long group", 640, lanes, 1040, {600, 40}, 0, 0, {lanes, 128, block_cols}};
       OwnedOutput got;
       ASSERT_TRUE(run_tgmm_case(rng, s, r, make_options(GetParam(), s), DType::f32, &got))
           << r.label << " blocks of " << block_cols;
       if (block_cols == 32) {
         narrow = got;
       } else {
-        EXPECT_TRUE(same_bits(narrow, got)) << r.label;
+        EXPECT_TRUE(same_bits(narrow, got)) << r.label << " blocks of " << block_cols;
       }
     }
   }

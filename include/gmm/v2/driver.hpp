@@ -225,6 +225,13 @@ constexpr std::int64_t kWholeABytes = 32 * 1024 * 1024;
 // columns (takes_all_columns), or one whose contraction is a single chunk (see run_task).
 constexpr std::int64_t kWideBlockBytes = 512 * 1024;
 
+// Bytes of C a task holds across its contraction chunks, at most (see run_task): three quarters
+// of a 2 MiB L2, with room for a B block (the forward's 512 x 512 tiles, 1 MiB, stay whole). A
+// task with more takes its A panels in passes that hold kPassOfCBytes each
+// (run_block_panels_over_chunks).
+constexpr std::int64_t kTaskOfCBytes = 1536 * 1024;
+constexpr std::int64_t kPassOfCBytes = 512 * 1024;
+
 // Bytes of C one A panel holds across a block of a one-chunk task (see run_task): half of a
 // 32 KiB L1, so the panel's rows are still there when they are stored. (A whole 4096-column row
 // of bf16 decode drhs kept there in L2 took 1.4x as long.)
@@ -389,18 +396,26 @@ inline void prefetch_panel_share(const unsigned char* panel, std::int64_t lines,
   }
 }
 
-// One block of columns of a packed task whose A is packed whole (every chunk, one after the
-// other) and whose B blocks over all the chunks fit in `b_bytes`: B packed for every chunk, then
-// each A panel across the chunks (the kernel's first chunk stores, the others add, in chunk order
-// as the chunk-outer loop does) into one panel of C, stored when final. With the chunks
-// outermost, C held the task's rows (2048 x 256 fp32 for tgmm: all of L2) and went to memory and
-// back for every chunk. gmm_bench drhs, 2 threads, binaries alternated twice, ms: fp8-block
-// mixtral 67.2-69.1 -> 49.1-50.3, gptoss 25.9-26.2 -> 22.2-23.0, skewed 27.2-27.5 -> 24.6-24.7,
-// compute-bound 31.9-33.8 -> 29.5-29.9; fp8 compute-bound 27.8 -> 26.5-27.1; the other cells
-// within the noise (0.92x to 1.05x, among them cells whose groups are one chunk).
-inline void run_block_panel_over_chunks(const Product& p, const Job& job, const Task& t,
-                                        Workspace& ws, std::int64_t chunk_count, std::int64_t b0,
-                                        std::int64_t cols, std::int64_t ldc, std::size_t b_bytes) {
+// One block of columns of a packed task whose A is packed whole (every chunk, one after the other),
+// its B blocks over all the chunks in `b_bytes`: B packed for every chunk, then each pass of
+// `pass_rows` A rows across the chunks (the kernel's first chunk stores, the others add, in chunk
+// order as the chunk-outer loop does) into C, stored when final. A pass is one panel when the B
+// blocks fit in L2 together; otherwise it holds kPassOfCBytes of C in L2, and each chunk's B block
+// comes from memory once per pass. With the chunks outermost, C held the task's rows (2048 x 256
+// fp32 for tgmm: all of L2) and went to memory and back for every chunk. gmm_bench drhs, 2 threads,
+// binaries alternated twice, ms: fp8-block mixtral 67.2-69.1 -> 49.1-50.3, gptoss 25.9-26.2 ->
+// 22.2-23.0, skewed 27.2-27.5 -> 24.6-24.7, compute-bound 31.9-33.8 -> 29.5-29.9; fp8 compute-bound
+// 27.8 -> 26.5-27.1; the other cells within the noise (0.92x to 1.05x, among them cells whose
+// groups are one chunk). Passes of 512 KiB of C for tgmm's 2048-lane tasks (whose B blocks over all
+// the chunks are 2 MiB): the fp8 drhs of the compute-bound shape at full size (M = K = N = 4096,
+// scratch, 2 threads, medians of four runs) 95.6-99.6 -> 86.2-92.0 ms (passes of 256 KiB and 1 MiB
+// within the noise of 512, of 128 KiB slower); gmm_bench's scaled shape (1024 rows, four chunks)
+// 25.9 -> 23.7-24.1 ms in one run, within the noise in another. Tasks of 1 MiB of C (the forward's
+// 512 x 512 tiles) took longer in passes: fp32 compute-bound fwd and dlhs 94-99 -> 106-107 ms.
+inline void run_block_panels_over_chunks(const Product& p, const Job& job, const Task& t,
+                                         Workspace& ws, std::int64_t chunk_count, std::int64_t b0,
+                                         std::int64_t cols, std::int64_t ldc, std::size_t b_bytes,
+                                         std::int64_t pass_rows) {
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
   ws.b_scales.resize(static_cast<std::size_t>(chunk_count * ldc));
@@ -414,30 +429,37 @@ inline void run_block_panel_over_chunks(const Product& p, const Job& job, const 
     b_offset += (ldc / f.nr) * f.panel_bytes(f.nr, kc);
   }
   const std::int64_t tiles = ldc / f.nr;
-  for (std::int64_t ir = 0; ir < rows_padded; ir += f.mr) {
-    const bool few = rows - ir <= p.kit.few_rows;
-    const int valid_rows = static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir));
+  for (std::int64_t ir0 = 0; ir0 < rows_padded; ir0 += pass_rows) {
+    const std::int64_t ir_end = std::min(rows_padded, ir0 + pass_rows);
     std::size_t a_offset = 0;
     b_offset = 0;
     for (std::int64_t c = 0; c < chunk_count; ++c) {
       const std::int64_t kc = ws.chunks[c + 1] - ws.chunks[c], steps = f.steps(kc);
       const std::size_t a_panel = f.panel_bytes(f.mr, kc), b_panel = f.panel_bytes(f.nr, kc);
-      const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
-      // the same panel of the next rows, into L2 a share of its lines with each tile
-      const std::int64_t next_lines = ir + f.mr < rows_padded ? panel_lines(a_panel) : 0;
-      const std::int64_t lines_per_tile = (next_lines + tiles - 1) / tiles;
-      for (std::int64_t tile = 0; tile < tiles; ++tile) {
-        const std::int64_t jr = tile * f.nr;
-        prefetch_panel_share(a_rows + a_panel, next_lines, lines_per_tile, tile, tile + 1);
-        (few ? p.kit.few_rows_kernel : p.kit.kernel)(
-            steps, a_rows, ws.b_packed.data() + b_offset + tile * b_panel, ws.c.data() + jr, ldc,
-            ws.a_scales.data() + c * rows_padded + ir, ws.b_scales.data() + c * ldc + jr, c == 0,
-            valid_rows);
+      for (std::int64_t ir = ir0; ir < ir_end; ir += f.mr) {
+        const bool few = rows - ir <= p.kit.few_rows;
+        const int valid_rows = static_cast<int>(std::min<std::int64_t>(f.mr, rows - ir));
+        const unsigned char* a_rows = ws.a_packed.data() + a_offset + (ir / f.mr) * a_panel;
+        // the same panel of the next rows, into L2 a share of its lines with each tile
+        const std::int64_t next_lines = ir + f.mr < rows_padded ? panel_lines(a_panel) : 0;
+        const std::int64_t lines_per_tile = (next_lines + tiles - 1) / tiles;
+        for (std::int64_t tile = 0; tile < tiles; ++tile) {
+          const std::int64_t jr = tile * f.nr;
+          prefetch_panel_share(a_rows + a_panel, next_lines, lines_per_tile, tile, tile + 1);
+          (few ? p.kit.few_rows_kernel : p.kit.kernel)(
+              steps, a_rows, ws.b_packed.data() + b_offset + tile * b_panel,
+              ws.c.data() + (ir - ir0) * ldc + jr, ldc, ws.a_scales.data() + c * rows_padded + ir,
+              ws.b_scales.data() + c * ldc + jr, c == 0, valid_rows);
+        }
       }
       a_offset += (rows_padded / f.mr) * a_panel;
       b_offset += tiles * b_panel;
     }
-    write_rows(p, job, t.a0 + ir, t.a0 + ir + valid_rows, b0, cols, ws.c.data(), ldc);
+    for (std::int64_t ir = ir0; ir < ir_end; ir += f.mr) {
+      const std::int64_t valid_rows = std::min<std::int64_t>(f.mr, rows - ir);
+      write_rows(p, job, t.a0 + ir, t.a0 + ir + valid_rows, b0, cols,
+                 ws.c.data() + (ir - ir0) * ldc, ldc);
+    }
   }
 }
 
@@ -447,7 +469,8 @@ inline void run_block_panel_over_chunks(const Product& p, const Job& job, const 
 // panel stays in L1 while the B block, tiles.k x tiles.n, streams from L2); in the last chunk,
 // each A panel's rows of C are stored as soon as the kernel has run across the block (or, with
 // one chunk and an output past the caches, each tile by the kit's output kernel; with several
-// chunks whose B blocks fit in L2 together, run_block_panel_over_chunks).
+// chunks whose B blocks fit in L2 together, or whose C over the task's rows would not,
+// run_block_panels_over_chunks).
 inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
@@ -535,9 +558,21 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   }
   const bool panel_over_chunks =
       chunk_count > 1 && whole_a && b_all_chunks_bytes <= static_cast<std::size_t>(kWideBlockBytes);
-  // C holds the task's rows across the contraction chunks; with at most one chunk, each A
-  // panel's rows are final once the kernel has run across the block, so C holds one panel.
-  const std::int64_t c_rows = chunk_count <= 1 || panel_over_chunks ? f.mr : rows_padded;
+  // Several chunks whose C over the task's rows would fill most of L2 (tgmm's long groups: 2048
+  // lanes x 256 columns, 2 MiB): B is packed for every chunk, and passes of the A panels that hold
+  // kPassOfCBytes of C run across all the chunks.
+  const std::int64_t c_row_bytes =
+      round_up(block_cols, f.nr) * static_cast<std::int64_t>(sizeof(float));
+  const bool passes_over_chunks =
+      !panel_over_chunks && chunk_count > 1 && whole_a && rows_padded * c_row_bytes > kTaskOfCBytes;
+  const std::int64_t pass_rows =
+      panel_over_chunks ? f.mr
+                        : std::max<std::int64_t>(f.mr, kPassOfCBytes / c_row_bytes / f.mr * f.mr);
+  // C holds the task's rows across the contraction chunks, or a pass's; with at most one chunk,
+  // each A panel's rows are final once the kernel has run across the block, so C holds one panel.
+  const std::int64_t c_rows = chunk_count <= 1 || panel_over_chunks ? f.mr
+                              : passes_over_chunks                  ? pass_rows
+                                                                    : rows_padded;
   const auto c_panel = [&](std::int64_t ir, std::int64_t ldc) {
     return ws.c.data() + (chunk_count <= 1 ? 0 : ir * ldc);
   };
@@ -550,8 +585,9 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   for (std::int64_t b0 = t.n0; b0 < t.n1; b0 += block_cols) {
     const std::int64_t cols = std::min(block_cols, t.n1 - b0), ldc = round_up(cols, f.nr);
     ws.c.resize(static_cast<std::size_t>(c_rows * ldc));
-    if (panel_over_chunks) {
-      run_block_panel_over_chunks(p, job, t, ws, chunk_count, b0, cols, ldc, b_all_chunks_bytes);
+    if (panel_over_chunks || passes_over_chunks) {
+      run_block_panels_over_chunks(p, job, t, ws, chunk_count, b0, cols, ldc, b_all_chunks_bytes,
+                                   pass_rows);
       continue;
     }
     ws.b_scales.resize(static_cast<std::size_t>(ldc));
