@@ -501,8 +501,8 @@ struct Fp8RunTranspose {
 
 // The fp8 codes of 16 lanes' contraction runs of 32 (rows[i]: lanes 2i and 2i + 1, 32 bytes
 // each) as 8 registers of lookup_bf16 codes: codes[4h + 2q + o] holds steps 8h + 4q + 2o and
-// the next one (24 two-source byte permutes where widening first and transposing pairs of bf16
-// took 16 inserts and vpermb, and 64 shuffles).
+// the next one: 24 two-source byte permutes, where widening each run first and then transposing
+// the bf16 pairs took 8 inserts, 8 vpermb and 64 shuffles.
 GMM_TARGET_AVX512VBMI inline void fp8_runs_to_codes(const __m512i (&rows)[8],
                                                     const Fp8RunTranspose& t, __m512i (&codes)[8]) {
   __m512i four[8], eight[8];
@@ -535,7 +535,7 @@ GMM_TARGET_AVX512VBMI inline void fp8_runs_to_codes(const __m512i (&rows)[8],
 // of 32-bit pairs turns them into 16 steps. Steps are padded to a multiple of kStepMultiple with
 // zeros; width is a multiple of 16. Widening fp8 runs before a transpose of 32-bit pairs took
 // twice the shuffles: dlhs fp8, groups of 16 rows, K = 2048, N = 1408, 1 thread, ms (medians):
-// 6.05-6.15 -> 5.30-5.37; 2 threads, groups of 32 rows, 3.62-3.65 -> 3.09-3.42.
+// 5.64-6.15 -> 5.00-5.37; 2 threads, groups of 32 rows, 3.62-3.65 -> 3.09-3.42.
 template <DType kDtype, int kStepMultiple>
 GMM_TARGET_AVX512VBMI void pack_b_pairs_runs(const PanelSource& src, int width, std::int64_t lane0,
                                              std::int64_t lanes, std::int64_t k0, std::int64_t kc,
