@@ -579,12 +579,16 @@ GMM_TARGET_AVX512VBMI void pack_b_pairs_runs(const PanelSource& src, int width, 
       } else {
         __m512 r[16];
 #pragma GCC unroll 8
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < 16; i += 2) {
           const unsigned char* x =
               data + ((lane0 + lane + i) * src.lane_stride + k0 + k) * kElement;
+          const unsigned char* y = x + src.lane_stride * kElement;
           const __mmask32 x_valid = lane + i < lanes ? valid : 0;
+          const __mmask32 y_valid = lane + i + 1 < lanes ? valid : 0;
           if (x_valid) _mm_prefetch(reinterpret_cast<const char*>(x + 256 * kElement), _MM_HINT_T0);
+          if (y_valid) _mm_prefetch(reinterpret_cast<const char*>(y + 256 * kElement), _MM_HINT_T0);
           r[i] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(x_valid, x));
+          r[i + 1] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(y_valid, y));
         }
         transpose16(r);  // r[j]: the pairs of step k / 2 + j over the 16 lanes
         for (std::int64_t j = 0; j < count; ++j) {
