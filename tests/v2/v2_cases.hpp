@@ -211,21 +211,35 @@ inline ::testing::AssertionResult run_gmm_case(Rng& rng, const CaseShape& s, con
   return check_gmm(lhs.view(), rhs.grouped_view(), s.group_sizes, before, o, after);
 }
 
+// The operands, options and output of a tgmm case, before the call.
+struct TgmmCase {
+  OwnedMatrix lhs, rhs;
+  Options options;
+  OwnedOutput before;
+};
+
+// Builds the operands of a tgmm case: lhs [M, K], rhs [M, N], output [G, K, N].
+inline TgmmCase make_tgmm_case(Rng& rng, const CaseShape& s, const TgmmRecipe& r,
+                               const Options& options, DType out_dtype, std::int64_t row_pad = 1) {
+  const OperandRecipe lhs_r = resolve(r.lhs, s.m, s.n), rhs_r = resolve(r.rhs, s.m, s.n);
+  TgmmCase c;
+  c.lhs = random_matrix(rng, lhs_r.dtype, s.m, s.k, lhs_r.block, 2);
+  c.rhs = random_matrix(rng, rhs_r.dtype, s.m, s.n, rhs_r.block, 1);
+  c.options = options;
+  c.options.quantize_lhs = lhs_r.quantize;
+  c.options.quantize_rhs = rhs_r.quantize;
+  c.before = options.accumulate ? random_output(rng, out_dtype, s.groups(), s.k, s.n, row_pad)
+                                : make_output(out_dtype, s.groups(), s.k, s.n, 777.0f, row_pad);
+  return c;
+}
+
 // Builds the operands of a tgmm case and checks gmm::tgmm against the oracle.
 inline ::testing::AssertionResult run_tgmm_case(Rng& rng, const CaseShape& s, const TgmmRecipe& r,
                                                 const Options& options, DType out_dtype,
                                                 OwnedOutput* after = nullptr,
                                                 std::int64_t row_pad = 1) {
-  const OperandRecipe lhs_r = resolve(r.lhs, s.m, s.n), rhs_r = resolve(r.rhs, s.m, s.n);
-  const OwnedMatrix lhs = random_matrix(rng, lhs_r.dtype, s.m, s.k, lhs_r.block, 2);
-  const OwnedMatrix rhs = random_matrix(rng, rhs_r.dtype, s.m, s.n, rhs_r.block, 1);
-  Options o = options;
-  o.quantize_lhs = lhs_r.quantize;
-  o.quantize_rhs = rhs_r.quantize;
-  const OwnedOutput before = o.accumulate
-                                ? random_output(rng, out_dtype, s.groups(), s.k, s.n, row_pad)
-                                : make_output(out_dtype, s.groups(), s.k, s.n, 777.0f, row_pad);
-  return check_tgmm(lhs.view(), rhs.view(), s.group_sizes, before, o, after);
+  const TgmmCase c = make_tgmm_case(rng, s, r, options, out_dtype, row_pad);
+  return check_tgmm(c.lhs.view(), c.rhs.view(), s.group_sizes, c.before, c.options, after);
 }
 
 }  // namespace gmm::test::v2
