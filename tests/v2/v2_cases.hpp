@@ -193,22 +193,37 @@ inline std::vector<TgmmRecipe> tgmm_recipes() {
   };
 }
 
+// The operands, options and output of a gmm case, before the call.
+struct GmmCase {
+  OwnedMatrix lhs, rhs;
+  Options options;
+  OwnedOutput before;
+};
+
+// Builds the operands of a gmm case: lhs [M, K], rhs [G, K, N] ([G, N, K] with transpose_rhs),
+// output [M, N].
+inline GmmCase make_gmm_case(Rng& rng, const CaseShape& s, const GmmRecipe& r,
+                             const Options& options, DType out_dtype) {
+  const OperandRecipe lhs_r = resolve(r.lhs, s.k, s.n), rhs_r = resolve(r.rhs, s.k, s.n);
+  GmmCase c;
+  c.lhs = random_matrix(rng, lhs_r.dtype, s.m, s.k, lhs_r.block, 3);
+  const BlockShape& b = rhs_r.block;  // (G, K, N) orientation
+  c.rhs = options.transpose_rhs ? random_grouped(rng, rhs_r.dtype, s.groups(), s.n, s.k,
+                                                 {b.groups, b.cols, b.rows}, 2)
+                                : random_grouped(rng, rhs_r.dtype, s.groups(), s.k, s.n, b, 2);
+  c.options = options;
+  c.options.quantize_lhs = lhs_r.quantize;
+  c.before = options.accumulate ? random_output(rng, out_dtype, 1, s.m, s.n, 1)
+                                : make_output(out_dtype, 1, s.m, s.n, 777.0f, 1);
+  return c;
+}
+
 // Builds the operands of a gmm case and checks gmm::gmm against the oracle.
 inline ::testing::AssertionResult run_gmm_case(Rng& rng, const CaseShape& s, const GmmRecipe& r,
                                                const Options& options, DType out_dtype,
                                                OwnedOutput* after = nullptr) {
-  const OperandRecipe lhs_r = resolve(r.lhs, s.k, s.n), rhs_r = resolve(r.rhs, s.k, s.n);
-  const OwnedMatrix lhs = random_matrix(rng, lhs_r.dtype, s.m, s.k, lhs_r.block, 3);
-  const BlockShape& b = rhs_r.block;  // (G, K, N) orientation
-  const OwnedMatrix rhs =
-      options.transpose_rhs
-          ? random_grouped(rng, rhs_r.dtype, s.groups(), s.n, s.k, {b.groups, b.cols, b.rows}, 2)
-          : random_grouped(rng, rhs_r.dtype, s.groups(), s.k, s.n, b, 2);
-  Options o = options;
-  o.quantize_lhs = lhs_r.quantize;
-  const OwnedOutput before = o.accumulate ? random_output(rng, out_dtype, 1, s.m, s.n, 1)
-                                          : make_output(out_dtype, 1, s.m, s.n, 777.0f, 1);
-  return check_gmm(lhs.view(), rhs.grouped_view(), s.group_sizes, before, o, after);
+  const GmmCase c = make_gmm_case(rng, s, r, options, out_dtype);
+  return check_gmm(c.lhs.view(), c.rhs.grouped_view(), s.group_sizes, c.before, c.options, after);
 }
 
 // The operands, options and output of a tgmm case, before the call.

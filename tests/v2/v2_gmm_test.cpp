@@ -127,18 +127,20 @@ TEST_P(V2Gmm, TraceSaysWhatRan) {
 }
 
 // Runs case `s` x `r` on `isa` with each of `thread_counts` (the first 1) from the same seed:
-// every run matches the oracle, and every run after the first has the first's bits.
+// the first run matches the oracle, and every run after it has the first's bits (so it matches
+// too).
 void expect_oracle_and_same_bits(Isa isa, const CaseShape& s, const GmmRecipe& r, DType out,
                                  std::uint64_t seed, std::initializer_list<int> thread_counts) {
   OwnedOutput first;
   for (int threads : thread_counts) {
     Rng rng(seed);
-    OwnedOutput got;
-    ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(isa, s, threads), out, &got))
-        << r.label << " " << threads << " threads";
     if (threads == *thread_counts.begin()) {
-      first = got;
+      ASSERT_TRUE(run_gmm_case(rng, s, r, make_options(isa, s, threads), out, &first))
+          << r.label << " " << threads << " threads";
     } else {
+      const GmmCase c = make_gmm_case(rng, s, r, make_options(isa, s, threads), out);
+      OwnedOutput got = c.before;
+      gmm::gmm(c.lhs.view(), c.rhs.grouped_view(), s.group_sizes, got.view(), c.options);
       EXPECT_TRUE(same_bits(first, got)) << r.label << " " << threads << " threads";
     }
   }
@@ -181,11 +183,29 @@ TEST_P(V2Gmm, RowsWithSmallCTakeAllColumns) {
   }
 }
 
+// Groups of a few rows over more columns than keep their C within kWideBlockBytes (on the AMX
+// kit, groups of 4 to 16 rows, packed, in blocks of 4096 columns: wide_block_columns; chunks of
+// 64 and 36), one alone in its call (cut into column ranges on several workers) and three together:
+// results match the oracle and are the same bits for 1, 2 and 3 threads, fp8 and bf16 weights.
+TEST_P(V2Gmm, FewRowsOverManyColumnsInBlocks) {
+  const GmmRecipe fp8{"fp8",
+                      {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)},
+                      {DType::float8_e4m3fn, {1, 0, 1}}};
+  const GmmRecipe bf16{"bf16", {DType::bf16}, {DType::bf16}};
+  for (const CaseShape& s : {CaseShape{"one group", 16, 100, 4200, {16}},
+                             CaseShape{"three groups", 30, 100, 4200, {5, 16, 9}}}) {
+    for (const GmmRecipe& r : {fp8, bf16}) {
+      expect_oracle_and_same_bits(GetParam(), s, r, DType::bf16, 409, {1, 2, 3});
+    }
+  }
+}
+
 // The tasks split_tasks makes for jobs of `rows` rows each (K 1000, N 4096, tiles of 512 x 512 x
-// 512, nothing streamed) on `threads` workers.
+// 512, the AMX kit's few rows (16), nothing streamed) on `threads` workers.
 std::vector<gmm::v2::detail::Task> tasks_for(const std::vector<std::int64_t>& rows, int threads) {
   gmm::v2::detail::Product p;
   p.tiles = {512, 512, 512};
+  p.kit.few_rows = 16;
   p.n = 4096;
   std::int64_t a = 0;
   for (std::int64_t r : rows) {
@@ -234,6 +254,7 @@ TEST(V2Tasks, WholeWhenEvenCutWhenNot) {
       {{1536}, 3, true},               // three on three
       {{1536}, 1, true},               // one worker: never cut
       {{100, 0, 100, 100}, 2, false},  // three equal groups (and an empty one) on two workers
+      {{8}, 2, false},                 // one group of a few rows (packed) on two workers
   };
   for (const Case& c : cases) {
     const auto tasks = tasks_for(c.rows, c.threads);
@@ -272,10 +293,12 @@ TEST_P(V2Gmm, NanStaysInItsGroup) {
 }
 
 // Groups of at most KernelKit::stream_rows(b) rows take the streaming kernels, their columns
-// split into tasks: 4 rows (decode) on every path, up to 32 on the AVX512_BF16 path for [K, N]
-// fp8 or bf16 weights (the strip kernel, whose per-thread sums the trace counts; a group of 33
-// rows keeps the packed path). Forward and dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N;
-// results match the oracle and are the same bits for 1 and 2 threads.
+// split into tasks: 4 rows (decode) on the AVX2 and AVX-512F paths, up to 32 on the AVX512_BF16
+// path for [K, N] fp8 or bf16 weights (the strip kernel, whose per-thread sums the trace counts; a
+// group of 33 rows keeps the packed path), on the AMX path 3 for [K, N] fp8 weights and 1 for
+// the others here (runs of 129: transposed weights in runs of 2048 or more take 4). Forward and
+// dlhs, fp8 / bf16 / fp32 weights, odd K, ragged N; results match the oracle and are the same
+// bits for 1 and 2 threads.
 TEST_P(V2Gmm, FewRowsStreamTheWeights) {
   const CaseShape s{"decode", 69, 129, 1100, {1, 3, 0, 4, 2, 6, 20, 33}};
   const GmmRecipe fp8{"fp8",
@@ -300,9 +323,22 @@ TEST_P(V2Gmm, FewRowsStreamTheWeights) {
             << r.label << " transpose=" << transpose << " threads=" << threads;
         const bool strips = trace.isa == Isa::avx512bf16 && !transpose &&
                             r.rhs.dtype != DType::f32 && kernels::cpu_features().avx512vbmi;
+        kernels::PanelSource b;  // the rhs as the kit's stream_rows sees it
+        b.dtype = r.rhs.dtype;
+        b.lane_stride = transpose ? s.k : 1;
+        b.k_stride = transpose ? 1 : s.n;
+        b.depth = s.k;
+        const int stream_rows =
+            kernels::select_kit(trace.isa, r.rhs.dtype != DType::f32).stream_rows(b);
+        EXPECT_EQ(stream_rows, strips                                     ? 32
+                               : trace.isa != Isa::amx                    ? 4
+                               : !transpose && r.rhs.dtype != DType::bf16 ? 3
+                                                                          : 1)
+            << r.label << " " << name(trace.isa) << " transpose=" << transpose;
         std::int64_t streamed_groups = 0;
-        for (std::int32_t rows : s.group_sizes)
-          streamed_groups += rows > 0 && rows <= (strips ? 32 : 4);
+        for (std::int32_t rows : s.group_sizes) {
+          streamed_groups += rows > 0 && rows <= stream_rows;
+        }
         // columns per task: 512 of a transposed rhs, else 4 KiB of each weight row
         const std::int64_t columns =
             transpose ? 512 : 4096 / static_cast<std::int64_t>(size_of(r.rhs.dtype));
@@ -321,6 +357,26 @@ TEST_P(V2Gmm, FewRowsStreamTheWeights) {
         }
       }
     }
+  }
+}
+
+// Transposed weights stream groups of up to 4 rows on every path, except that the AMX path
+// streams only one row of runs shorter than 2048 (packing them for its tile kernel costs less):
+// groups of 1, 2, 4 and 5 rows over runs of 2047 and 2048, bf16; results match the oracle.
+TEST_P(V2Gmm, TransposedWeightsStreamByRunLength) {
+  const GmmRecipe bf16{"bf16", {DType::bf16}, {DType::bf16}};
+  for (std::int64_t k : {2047, 2048}) {
+    Rng rng(607);
+    const CaseShape s{"runs", 12, k, 40, {1, 2, 4, 5}};
+    CallTrace trace;
+    Options o = make_options(GetParam(), s);
+    o.transpose_rhs = true;
+    o.trace = &trace;
+    ASSERT_TRUE(run_gmm_case(rng, s, bf16, o, DType::f32)) << k;
+    const int streamed_rows = trace.isa == Isa::amx && k < 2048 ? 1 : 4;
+    std::int64_t streamed_groups = 0;
+    for (std::int32_t rows : s.group_sizes) streamed_groups += rows <= streamed_rows;
+    EXPECT_EQ(trace.streamed_tasks, streamed_groups) << k;  // 40 columns: one task per group
   }
 }
 

@@ -134,6 +134,25 @@ GMM_TARGET_AMX inline void output_kernel_amx_bf16(std::int64_t steps, const void
   }
 }
 
+// KernelKit::stream_rows of the AMX kit. Past it, packing B for the 16-row tile kernel costs less
+// than widening B in the streaming kernel. Scratch, 2 threads, ms, streamed against packed:
+// - [K, N] weights, read a contraction row at a time: three rows of fp8 (64 groups, K = 2048, N
+//   = 1408: 2 rows 10.9-12.2 against 12.7-13.4, 3 rows 11.8-12.4 against 12.4-12.9, 4 rows
+//   14.2-15.6 against 13.2-13.8; 8 groups, K = N = 4096: 2 rows 7.6 against 9.3, 4 rows 10.8
+//   against 9.9); one row of bf16 (64 groups: 2 rows 20.2 against 16.9, 4 rows 25.0-26.2 against
+//   17.7-18.2; 8 groups, 4 rows 15.1 against 13.6).
+// - Transposed weights, read in runs along the contraction: four rows over runs of at least
+//   2048 (8 groups, runs of 4096: fp8 2 rows 7.3 against 11.8, 4 rows 9.7 against 11.6; bf16 10.3
+//   against 13.0, 11.2 against 13.1; 16 groups, runs of 2048 and 2880, 3 rows: level), one over
+//   shorter runs (64 groups, runs of 1408: fp8 2 rows 19.1 against 17.6, 4 rows 21.4-21.9
+//   against 17.0-17.8, bf16 4 rows 24.8-25.3 against 18.7-19.4; 32 groups, runs of 1024, 3 rows:
+//   fp8 27.3 against 23.9, bf16 30.0 against 26.2).
+inline int amx_stream_rows(const PanelSource& b) {
+  constexpr std::int64_t kLongRuns = 2048;
+  if (b.k_stride == 1) return b.depth >= kLongRuns ? 4 : 1;
+  return size_of(b.dtype) == 1 ? 3 : 1;
+}
+
 // The AMX path for operands exact in bf16: bf16 pairs padded to 16-step tiles, 32 x 32 kernel.
 // Tasks of 512 rows (each B block packed for twice the rows of 256) and a contraction chunk of
 // 256 (a 32 x 256 A panel and a B panel, 16 KiB each, stay in a 48 KiB L1 together; with 512
@@ -168,7 +187,7 @@ inline KernelKit amx_kit() {
   kit.few_rows = 16;
   kit.output_kernel = output_kernel_amx_bf16;
   kit.stream = stream_avx512_bf16;
-  kit.stream_rows = four_stream_rows;
+  kit.stream_rows = amx_stream_rows;
   kit.absmax = absmax_avx512;
   kit.store_row = store_row_avx512bf16_out;
   kit.store_fence = store_fence_x86;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gmm/core/dtype.hpp"
@@ -86,6 +88,17 @@ struct CacheLineAllocator {
   T* allocate(std::size_t n) {
     return static_cast<T*>(
         ::operator new (n * sizeof(T), std::align_val_t{kernels::kCacheLineBytes}));
+  }
+  // Default-initializes (resize leaves new elements unset): every buffer is written before it is
+  // read, and value-initializing zeroed a task's 3 MiB of panels and C on every call (a 512-row
+  // fp8 forward on 1 thread spent 3% of its samples in memset).
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
   void deallocate(T* p, std::size_t) {
     ::operator delete (p, std::align_val_t{kernels::kCacheLineBytes});
@@ -253,31 +266,47 @@ inline bool streams(const Product& p, const Job& job, std::int64_t rows) {
          !job.b.source.quantize;
 }
 
-// The contraction chunk of a task that takes all its columns (takes_all_columns): no longer than
-// keeps the B block of all of them within kWideBlockBytes (in L2), nor than tiles.k.
-inline std::int64_t all_columns_chunk(const Product& p) {
+// Columns of each block of a task of `rows` rows that takes its columns together
+// (takes_all_columns): all of them, unless its C across them (fp32, rows padded to the panel,
+// held over the chunks) would be larger than kWideBlockBytes, which only a task of a few rows
+// allows; then as many as keep it within (4096 on the AMX kit, with chunks of 64). With all of
+// Mixtral's 14336 columns, a group of 5 to 16 rows on the AMX kit held 1.8 MiB of C over chunks of
+// 32, which went to memory and back for every chunk (scratch, fp8 forward, K = 4096, 2 threads,
+// ms): 8 groups of 8 rows 195-200 -> 36.3-37.6; DeepSeek-V3's down projection (N = 7168, 32
+// groups of about 16 rows) 25.1-25.8 -> 20.0-21.0; N = 2880 and N = 4096 (all columns) level.
+inline std::int64_t wide_block_columns(const Product& p, std::int64_t rows) {
+  const kernels::PackedFormat& f = p.kit.format;
+  const std::int64_t fitting =
+      kWideBlockBytes / (round_up(rows, f.mr) * static_cast<std::int64_t>(sizeof(float)));
+  return std::min(round_up(p.n, f.nr), std::max<std::int64_t>(f.nr, fitting / f.nr * f.nr));
+}
+
+// The contraction chunk of a task of `rows` rows that takes its columns together
+// (takes_all_columns): no longer than keeps the B block of wide_block_columns within
+// kWideBlockBytes (in L2), nor than tiles.k.
+inline std::int64_t all_columns_chunk(const Product& p, std::int64_t rows) {
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t quantum = f.depth * f.step_multiple;  // contraction per packed step group
-  const std::int64_t block_kc =
-      kWideBlockBytes / (round_up(p.n, f.nr) * static_cast<std::int64_t>(f.element_bytes()));
+  const std::int64_t block_kc = kWideBlockBytes / (wide_block_columns(p, rows) *
+                                                   static_cast<std::int64_t>(f.element_bytes()));
   return std::max(quantum, std::min(p.tiles.k, block_kc) / quantum * quantum);
 }
 
 // True when a packed task of `rows` rows of `job` takes all its columns at once (run_task), which
-// reads B's rows whole and in order. Only B with contiguous lanes ([K, N] weights): with
-// contiguous contraction runs (transposed weights), the chunk that keeps the B block in L2 held
-// a few bytes of each run (dsv3-up's dlhs on the AMX kit: 32 of 1024, half a line each time,
-// and that packer took 48% of the samples). Then a task of a few rows does; so does one of more
-// rows when its C across all the columns (fp32, held over the chunks) is no larger than the B
-// block, so that both stay in L2, and the chunk is at least half of tiles.k, so that C is not
-// read and written again every few steps. Blocks of tiles.n columns read a part of each weight
-// row at a time, which the memory serves slower (2 threads on the AMX kit, blocks against all
-// columns, ms: the skewed-uniform forward, groups of 23 to 45 rows and N = 1408, fp8 22.7-23.4
-// against 19.4-20.3, bf16 30.8 against 24.8-25.0; fp32 on the AVX-512 kit 73.9-75.5 against
-// 69.8-71.1). DeepSeek-V3's down projection (groups of 17 to 29 rows, N = 7168) stays in blocks:
-// with all its columns, C is 0.5 to 0.9 MiB and its fp8 forward took 24.0-26.5 ms against
-// 23.0-23.1 in blocks (scratch). A call that requested tiles keeps its blocks for all but a few
-// rows.
+// reads B's rows whole and in order (or, for a few rows of a wide B, in blocks of
+// wide_block_columns). Only B with contiguous lanes ([K, N] weights): with contiguous
+// contraction runs (transposed weights), the chunk that keeps the B block in L2 held a few bytes
+// of each run (dsv3-up's dlhs on the AMX kit: 32 of 1024, half a line each time, and that packer
+// took 48% of the samples). Then a task of a few rows does; so does one of more rows when its C
+// across all the columns (fp32, held over the chunks) is no larger than the B block, so that both
+// stay in L2, and the chunk is at least half of tiles.k, so that C is not read and written again
+// every few steps. Blocks of tiles.n columns read a part of each weight row at a time, which the
+// memory serves slower (2 threads on the AMX kit, blocks against all columns, ms: the
+// skewed-uniform forward, groups of 23 to 45 rows and N = 1408, fp8 22.7-23.4 against 19.4-20.3,
+// bf16 30.8 against 24.8-25.0; fp32 on the AVX-512 kit 73.9-75.5 against 69.8-71.1).
+// DeepSeek-V3's down projection (groups of 17 to 29 rows, N = 7168) stays in blocks: with all its
+// columns, C is 0.5 to 0.9 MiB and its fp8 forward took 24.0-26.5 ms against 23.0-23.1 in blocks
+// (scratch). A call that requested tiles keeps its blocks for all but a few rows.
 inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t rows) {
   if (job.b.source.k_stride == 1) return false;
   if (rows <= p.kit.few_rows) return true;
@@ -285,13 +314,13 @@ inline bool takes_all_columns(const Product& p, const Job& job, std::int64_t row
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t c_bytes =
       round_up(rows, f.mr) * round_up(p.n, f.nr) * static_cast<std::int64_t>(sizeof(float));
-  return c_bytes <= kWideBlockBytes && 2 * all_columns_chunk(p) >= p.tiles.k;
+  return c_bytes <= kWideBlockBytes && 2 * all_columns_chunk(p, rows) >= p.tiles.k;
 }
 
-// The longest contraction chunk of a task whose B is packed: tiles.k, or all_columns_chunk for
-// a task that takes all its columns.
-inline std::int64_t packed_chunk(const Product& p, bool all_columns) {
-  return all_columns ? all_columns_chunk(p) : std::max<std::int64_t>(1, p.tiles.k);
+// The longest contraction chunk of a packed task of `rows` rows: tiles.k, or all_columns_chunk
+// for a task that takes all its columns.
+inline std::int64_t packed_chunk(const Product& p, bool all_columns, std::int64_t rows) {
+  return all_columns ? all_columns_chunk(p, rows) : std::max<std::int64_t>(1, p.tiles.k);
 }
 
 // Fills ws.chunks with the starts of a job's contraction chunks, then its end: at most max_kc
@@ -328,8 +357,8 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   const std::int64_t rows = t.a1 - t.a0, cols = t.n1 - t.n0;
   const bool runs = job.b.source.k_stride == 1;
   const std::int64_t chunk_count = fill_chunks(
-      p, job, runs ? job.k_end - job.k_begin : packed_chunk(p, takes_all_columns(p, job, rows)),
-      ws);
+      p, job,
+      runs ? job.k_end - job.k_begin : packed_chunk(p, takes_all_columns(p, job, rows), rows), ws);
   const std::int64_t slots = runs ? chunk_count : 1;  // chunks per kernel call
 
   ws.a_scales.resize(static_cast<std::size_t>(chunk_count * rows));
@@ -480,8 +509,8 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   // (whole rows of the weights are read in order) with a chunk short enough to keep the B block
   // in L2 (takes_all_columns, packed_chunk).
   const bool skinny = takes_all_columns(p, job, rows);
-  std::int64_t block_cols = skinny ? t.n1 - t.n0 : p.tiles.n;
-  std::int64_t max_kc = packed_chunk(p, skinny);
+  std::int64_t block_cols = skinny ? std::min(t.n1 - t.n0, wide_block_columns(p, rows)) : p.tiles.n;
+  std::int64_t max_kc = packed_chunk(p, skinny, rows);
   // B with contiguous contraction runs: a longer chunk, up to the kit's (KernelKit::runs_chunk),
   // over proportionally fewer columns, but no fewer than the task's rows: the A block is read
   // again for every block of columns, and reading it more often than B cost more than the longer
@@ -741,12 +770,14 @@ inline bool shared_evenly(const Product& p, const std::vector<Task>& tasks, int 
 // the tasks evenly as they are (shared_evenly), another task heavier than 1 / (kTasksPerWorker *
 // threads) of the call's work (one large group, as in the compute-bound shape with a number of
 // row blocks the workers do not divide) is cut into column ranges of whole tiles.n blocks, none
-// much heavier than that. Tasks stay whole where they can because cut ones cost more: each column
-// range packs (and quantizes) the task's A rows again (the compute-bound fp8 forward's two row
-// blocks on two workers, cut into four ranges each, spent 5% of the call packing A, and ran 4%
-// slower than whole; its dlhs too). The tasks come heaviest first, so the workers, which claim them
-// in order, end on the lightest ones. Results depend on neither: every element of C sums the same
-// contraction chunks in the same order whatever its task's columns and whenever its task runs.
+// much heavier than that; a packed task of a few rows too (one group of 8 rows over 4096 x 14336
+// fp8 weights on the AMX kit, 2 threads: 7.8-8.0 ms whole, 4.6-4.9 cut). Tasks stay whole where
+// they can because cut ones cost more: each column range packs (and quantizes) the task's A rows
+// again (the compute-bound fp8 forward's two row blocks on two workers, cut into four ranges each,
+// spent 5% of the call packing A, and ran 4% slower than whole; its dlhs too). The tasks come
+// heaviest first, so the workers, which claim them in order, end on the lightest ones. Results
+// depend on neither: every element of C sums the same contraction chunks in the same order whatever
+// its task's columns and whenever its task runs.
 inline std::vector<Task> split_tasks(const Product& p, int threads) {
   std::vector<Task> whole;  // streamed tasks cut into their column ranges, packed tasks whole
   double total = 0;
@@ -773,7 +804,7 @@ inline std::vector<Task> split_tasks(const Product& p, int threads) {
   const std::int64_t column_blocks = (p.n + p.tiles.n - 1) / p.tiles.n;
   tasks.clear();
   for (const Task& t : whole) {
-    const bool cuttable = !t.stream && t.a1 - t.a0 > p.kit.few_rows;
+    const bool cuttable = !t.stream;
     const std::int64_t pieces =
         cuttable
             ? std::clamp<std::int64_t>(
