@@ -184,9 +184,10 @@ TEST_P(V2Gmm, RowsWithSmallCTakeAllColumns) {
 }
 
 // Groups of a few rows over more columns than keep their C within kWideBlockBytes (on the AMX
-// kit, groups of 4 to 16 rows, packed, in blocks of 4096 columns: wide_block_columns; chunks of
-// 64 and 36), one alone in its call (cut into column ranges on several workers) and three together:
-// results match the oracle and are the same bits for 1, 2 and 3 threads, fp8 and bf16 weights.
+// kit, these groups of 5 to 16 rows are packed, in blocks of 4096 columns: wide_block_columns;
+// chunks of 64 and 36), one alone in its call (cut into column ranges on several workers) and
+// three together: results match the oracle and are the same bits for 1, 2 and 3 threads, fp8 and
+// bf16 weights.
 TEST_P(V2Gmm, FewRowsOverManyColumnsInBlocks) {
   const GmmRecipe fp8{"fp8",
                       {DType::bf16, {}, dynamic(QType::float8_e4m3fn, 0)},

@@ -504,10 +504,10 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
   const Job& job = p.jobs[t.job];
   const kernels::PackedFormat& f = p.kit.format;
   const std::int64_t rows = t.a1 - t.a0, rows_padded = round_up(rows, f.mr);
-  // A task of a few rows (packed when the kit has no streaming kernel or B is quantized here),
-  // or of rows whose C is small, reads [K, N] weights once: it takes all its columns at once
-  // (whole rows of the weights are read in order) with a chunk short enough to keep the B block
-  // in L2 (takes_all_columns, packed_chunk).
+  // A task of a few rows (packed when the kit streams fewer or B is quantized here), or of rows
+  // whose C is small, reads [K, N] weights once: it takes all its columns at once (whole rows of
+  // the weights are read in order; a few rows of a wide B, blocks of wide_block_columns) with a
+  // chunk short enough to keep the B block in L2 (takes_all_columns, packed_chunk).
   const bool skinny = takes_all_columns(p, job, rows);
   std::int64_t block_cols = skinny ? std::min(t.n1 - t.n0, wide_block_columns(p, rows)) : p.tiles.n;
   std::int64_t max_kc = packed_chunk(p, skinny, rows);
