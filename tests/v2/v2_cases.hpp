@@ -198,6 +198,13 @@ struct GmmCase {
   OwnedMatrix lhs, rhs;
   Options options;
   OwnedOutput before;
+
+  // gmm::gmm on a copy of `before`, unchecked (for comparing runs bit for bit).
+  OwnedOutput run(GroupSizes sizes) const {
+    OwnedOutput got = before;
+    gmm::gmm(lhs.view(), rhs.grouped_view(), sizes, got.view(), options);
+    return got;
+  }
 };
 
 // Builds the operands of a gmm case: lhs [M, K], rhs [G, K, N] ([G, N, K] with transpose_rhs),
@@ -231,6 +238,13 @@ struct TgmmCase {
   OwnedMatrix lhs, rhs;
   Options options;
   OwnedOutput before;
+
+  // gmm::tgmm on a copy of `before`, unchecked (for comparing runs bit for bit).
+  OwnedOutput run(GroupSizes sizes) const {
+    OwnedOutput got = before;
+    gmm::tgmm(lhs.view(), rhs.view(), sizes, got.grouped_view(), options);
+    return got;
+  }
 };
 
 // Builds the operands of a tgmm case: lhs [M, K], rhs [M, N], output [G, K, N].
