@@ -1,8 +1,9 @@
 // The equivalence suite: plans x recipe presets x group patterns x f32 / bf16. For every plan,
 // forward and both gradients equal the fp64 oracle of the same quantized math (fp32 summation
 // bound), every plan equals every other to fp32 summation error, and fp8 results stay within a
-// derived quantization error bound of the unquantized layer. Built twice: plans v1, v2, hybrid
-// and auto (label equivalence), and all 8 fixed plans and auto (GMM_ALL_PLANS, label slow).
+// derived quantization error bound of the unquantized layer. Two tests per case: plans v1, v2,
+// hybrid and auto (label equivalence), and all 8 fixed plans and auto (AllPlans*, label
+// equivalence-slow).
 // auto runs with its default bounds whatever v1 was compiled for, so that it mixes families.
 #include <gtest/gtest.h>
 
@@ -43,8 +44,13 @@ const Pattern kPatterns[] = {
 
 const char* const kRecipes[] = {"none", "fp8_full", "fp8_static(224)", "fp8_blockwise"};
 
-std::vector<Plan> plans_under_test() {
-#ifdef GMM_ALL_PLANS
+// The plans the default suite compares: each family alone, the hybrid and auto.
+std::vector<Plan> main_plans() {
+  return {Plan::v1(), Plan::v2(), Plan::hybrid(), Plan::automatic()};
+}
+
+// All 8 fixed plans (each pass on either family) and auto (label equivalence-slow).
+std::vector<Plan> all_plans() {
   std::vector<Plan> plans;
   for (Family fwd : {Family::v1, Family::v2}) {
     for (Family dlhs : {Family::v1, Family::v2}) {
@@ -53,9 +59,6 @@ std::vector<Plan> plans_under_test() {
   }
   plans.push_back(Plan::automatic());
   return plans;
-#else
-  return {Plan::v1(), Plan::v2(), Plan::hybrid(), Plan::automatic()};
-#endif
 }
 
 // Largest unit roundoff of a quantized value relative to itself (normal range): 2^-(p + 1)
@@ -146,10 +149,9 @@ std::vector<Case> all_cases() {
   return cases;
 }
 
-class LayerEquivalence : public ::testing::TestWithParam<Case> {};
-
-TEST_P(LayerEquivalence, EveryPlanMatchesTheOracleAndTheOtherPlans) {
-  const Case& c = GetParam();
+// Runs the layer of case `c` under each of `plans`: each matches the oracle, and each after the
+// first matches the first to summation error.
+void expect_plans_equivalent(const Case& c, const std::vector<Plan>& plans) {
   const Pattern& pattern = *c.pattern;
   const Recipe recipe = Recipe::parse(c.recipe);
   Rng rng(c.seed);
@@ -164,7 +166,7 @@ TEST_P(LayerEquivalence, EveryPlanMatchesTheOracleAndTheOtherPlans) {
   const auto group_terms = [&](std::int64_t g) { return values.group_size(g); };
 
   std::vector<LayerOutputs> results;
-  for (const Plan& plan : plans_under_test()) {
+  for (const Plan& plan : plans) {
     SCOPED_TRACE(fmt::format("plan {}", plan));
     const LayerOutputs before = make_layer_outputs(values, c.io, kSentinel);
     LayerOutputs out = before;
@@ -206,6 +208,16 @@ TEST_P(LayerEquivalence, EveryPlanMatchesTheOracleAndTheOtherPlans) {
     }
     results.push_back(std::move(out));
   }
+}
+
+class LayerEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerEquivalence, EveryPlanMatchesTheOracleAndTheOtherPlans) {
+  expect_plans_equivalent(GetParam(), main_plans());
+}
+
+TEST_P(LayerEquivalence, AllPlansMatchTheOracleAndEachOther) {
+  expect_plans_equivalent(GetParam(), all_plans());
 }
 
 INSTANTIATE_TEST_SUITE_P(Equivalence, LayerEquivalence, ::testing::ValuesIn(all_cases()),
