@@ -118,9 +118,9 @@ template <typename Written, typename Terms>
        ++i) {
     const std::int64_t group_stride = std::max<std::int64_t>(1, got.group_stride);
     const std::int64_t row_stride = std::max<std::int64_t>(1, got.row_stride);
-    const std::int64_t in_group = i % group_stride;
-    const bool logical = i / group_stride < got.groups && in_group / row_stride < got.rows &&
-                         in_group % row_stride < got.cols;
+    const std::int64_t j = i - got.offset, in_group = j % group_stride;
+    const bool logical = j >= 0 && j / group_stride < got.groups &&
+                         in_group / row_stride < got.rows && in_group % row_stride < got.cols;
     if (!logical && !same_element_bits(before, got, i)) {
       bad.add([&](std::ostream& os) { os << "padding element " << i << " was written"; });
     }

@@ -187,31 +187,33 @@ struct LineAlignedAllocator {
   }
 };
 
-// An f32 / bf16 output [groups, rows, cols] (groups == 1 for gmm) with padded rows.
+// An f32 / bf16 output [groups, rows, cols] (groups == 1 for gmm) with padded rows, starting
+// `offset` elements past a cache line (and followed by as many padding elements).
 struct OwnedOutput {
   DType dtype = DType::f32;
-  std::int64_t groups = 1, rows = 0, cols = 0, row_stride = 0, group_stride = 0;
+  std::int64_t groups = 1, rows = 0, cols = 0, row_stride = 0, group_stride = 0, offset = 0;
   std::vector<std::uint8_t, LineAlignedAllocator<std::uint8_t>> bytes;
 
   std::int64_t index(std::int64_t g, std::int64_t r, std::int64_t c) const {
-    return g * group_stride + r * row_stride + c;
+    return offset + g * group_stride + r * row_stride + c;
   }
+  void* data() { return bytes.data() + offset * static_cast<std::int64_t>(size_of(dtype)); }
   float at(std::int64_t g, std::int64_t r, std::int64_t c) const {
     return load_as_float(bytes.data(), dtype, index(g, r, c));
   }
   void set(std::int64_t g, std::int64_t r, std::int64_t c, float value) {
     store_as(bytes.data(), dtype, index(g, r, c), value);
   }
-  OutMatrix view() { return {bytes.data(), dtype, rows, cols, row_stride}; }
+  OutMatrix view() { return {data(), dtype, rows, cols, row_stride}; }
   OutGroupedMatrix grouped_view() {
-    return {bytes.data(), dtype, groups, rows, cols, group_stride, row_stride};
+    return {data(), dtype, groups, rows, cols, group_stride, row_stride};
   }
 };
 
 // An output whose elements all hold `fill` (a sentinel for "nothing written" checks, or the
 // previous contents for accumulate) and whose padding holds kOutputPadding.
 inline OwnedOutput make_output(DType d, std::int64_t groups, std::int64_t rows, std::int64_t cols,
-                               float fill, std::int64_t row_pad = 0) {
+                               float fill, std::int64_t row_pad = 0, std::int64_t offset = 0) {
   OwnedOutput o;
   o.dtype = d;
   o.groups = groups;
@@ -219,7 +221,8 @@ inline OwnedOutput make_output(DType d, std::int64_t groups, std::int64_t rows, 
   o.cols = cols;
   o.row_stride = cols + row_pad;
   o.group_stride = rows * o.row_stride;
-  const std::int64_t elements = std::max<std::int64_t>(1, groups * o.group_stride);
+  o.offset = offset;
+  const std::int64_t elements = std::max<std::int64_t>(1, groups * o.group_stride) + 2 * offset;
   o.bytes.resize(static_cast<std::size_t>(elements * size_of(d)));
   for (std::int64_t i = 0; i < elements; ++i) store_as(o.bytes.data(), d, i, kOutputPadding);
   for (std::int64_t g = 0; g < groups; ++g) {
@@ -232,8 +235,9 @@ inline OwnedOutput make_output(DType d, std::int64_t groups, std::int64_t rows, 
 
 // An output holding random N(0, 1) values (previous contents for accumulate tests).
 inline OwnedOutput random_output(Rng& rng, DType d, std::int64_t groups, std::int64_t rows,
-                                 std::int64_t cols, std::int64_t row_pad = 0) {
-  OwnedOutput o = make_output(d, groups, rows, cols, 0.0f, row_pad);
+                                 std::int64_t cols, std::int64_t row_pad = 0,
+                                 std::int64_t offset = 0) {
+  OwnedOutput o = make_output(d, groups, rows, cols, 0.0f, row_pad, offset);
   for (std::int64_t g = 0; g < groups; ++g) {
     for (std::int64_t r = 0; r < rows; ++r) {
       for (std::int64_t c = 0; c < cols; ++c) o.set(g, r, c, static_cast<float>(rng.normal()));

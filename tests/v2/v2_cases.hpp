@@ -249,7 +249,8 @@ struct TgmmCase {
 
 // Builds the operands of a tgmm case: lhs [M, K], rhs [M, N], output [G, K, N].
 inline TgmmCase make_tgmm_case(Rng& rng, const CaseShape& s, const TgmmRecipe& r,
-                               const Options& options, DType out_dtype, std::int64_t row_pad = 1) {
+                               const Options& options, DType out_dtype, std::int64_t row_pad = 1,
+                               std::int64_t out_offset = 0) {
   const OperandRecipe lhs_r = resolve(r.lhs, s.m, s.n), rhs_r = resolve(r.rhs, s.m, s.n);
   TgmmCase c;
   c.lhs = random_matrix(rng, lhs_r.dtype, s.m, s.k, lhs_r.block, 2);
@@ -257,8 +258,9 @@ inline TgmmCase make_tgmm_case(Rng& rng, const CaseShape& s, const TgmmRecipe& r
   c.options = options;
   c.options.quantize_lhs = lhs_r.quantize;
   c.options.quantize_rhs = rhs_r.quantize;
-  c.before = options.accumulate ? random_output(rng, out_dtype, s.groups(), s.k, s.n, row_pad)
-                                : make_output(out_dtype, s.groups(), s.k, s.n, 777.0f, row_pad);
+  c.before = options.accumulate
+                 ? random_output(rng, out_dtype, s.groups(), s.k, s.n, row_pad, out_offset)
+                 : make_output(out_dtype, s.groups(), s.k, s.n, 777.0f, row_pad, out_offset);
   return c;
 }
 
@@ -266,8 +268,9 @@ inline TgmmCase make_tgmm_case(Rng& rng, const CaseShape& s, const TgmmRecipe& r
 inline ::testing::AssertionResult run_tgmm_case(Rng& rng, const CaseShape& s, const TgmmRecipe& r,
                                                 const Options& options, DType out_dtype,
                                                 OwnedOutput* after = nullptr,
-                                                std::int64_t row_pad = 1) {
-  const TgmmCase c = make_tgmm_case(rng, s, r, options, out_dtype, row_pad);
+                                                std::int64_t row_pad = 1,
+                                                std::int64_t out_offset = 0) {
+  const TgmmCase c = make_tgmm_case(rng, s, r, options, out_dtype, row_pad, out_offset);
   return check_tgmm(c.lhs.view(), c.rhs.view(), s.group_sizes, c.before, c.options, after);
 }
 

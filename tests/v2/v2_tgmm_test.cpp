@@ -161,11 +161,12 @@ TEST_P(V2Tgmm, ChunkOrderKeepsTheBits) {
 // An output of at least 32 MiB (a weight gradient like DeepSeek-V3's) whose rows start on cache
 // lines is written past the caches on the AVX-512 paths (non-temporal stores, f32 and bf16), an
 // empty group's zero block included, its whole tiles by the kit's output kernel (the groups are
-// one contraction chunk); with rows off the lines (a padded row) it is not. Either way: right
-// against the oracle on 1 thread, the same bits (padding included) on 2, and the same elements
-// both ways. K = 2061 leaves a last panel of 5 rows on the AVX512_BF16 path (its output kernel,
-// part of the rows) and of 3 on the AVX-512F path (the few-rows kernel), and f32's N = 2032 a
-// last tile of part of the kits' widths.
+// one contraction chunk); so is one whose rows follow each other off the lines (8 or 1 elements
+// past a line: whole lines, each row's end joined with the next row's start); with padded rows it
+// is not. Every way: right against the oracle on 1 thread, the same bits (padding included) on 2,
+// and the same elements as on lines. K = 2061 leaves a last panel of 5 rows on the AVX512_BF16 path
+// (its output kernel, part of the rows) and of 3 on the AVX-512F path (the few-rows kernel), and
+// f32's N = 2032 a last tile of part of the kits' widths.
 TEST_P(V2Tgmm, LargeOutputsBypassTheCaches) {
   const TgmmRecipe r{"bf16", {DType::bf16}, {DType::bf16}};
   const Isa isa = GetParam();
@@ -176,8 +177,11 @@ TEST_P(V2Tgmm, LargeOutputsBypassTheCaches) {
     sizes[0] = 4;
     sizes[1] = 0;
     const CaseShape s{"large output", 2 * groups, 2061, out == DType::f32 ? 2032 : 2048, sizes};
-    OwnedOutput past_caches;
-    for (std::int64_t row_pad : {0, 1}) {
+    OwnedOutput on_lines;
+    // rows on lines, padded rows, and rows that follow each other 8 and 1 elements off the lines
+    const std::int64_t layouts[][2] = {{0, 0}, {1, 0}, {0, 8}, {0, 1}};
+    for (const auto& [row_pad, offset] : layouts) {
+      const std::string layout = fmt::format("{} row_pad {} offset {}", name(out), row_pad, offset);
       OwnedOutput first;
       for (int threads : {1, 2}) {
         Rng rng(415);
@@ -185,20 +189,19 @@ TEST_P(V2Tgmm, LargeOutputsBypassTheCaches) {
         Options o = make_options(isa, s, threads);
         o.trace = &trace;
         if (threads == 1) {
-          ASSERT_TRUE(run_tgmm_case(rng, s, r, o, out, &first, row_pad))
-              << name(out) << " row_pad " << row_pad;
+          ASSERT_TRUE(run_tgmm_case(rng, s, r, o, out, &first, row_pad, offset)) << layout;
         } else {
-          const TgmmCase c = make_tgmm_case(rng, s, r, o, out, row_pad);
+          const TgmmCase c = make_tgmm_case(rng, s, r, o, out, row_pad, offset);
           const OwnedOutput got = c.run(s.group_sizes);
-          EXPECT_TRUE(same_bits(first, got)) << name(out) << " row_pad " << row_pad;
+          EXPECT_TRUE(same_bits(first, got)) << layout;
         }
         EXPECT_EQ(trace.output_past_caches, avx512 && row_pad == 0)
-            << name(out) << " row_pad " << row_pad << " " << threads << " threads";
+            << layout << ", " << threads << " threads";
       }
-      if (row_pad == 0) {
-        past_caches = first;
+      if (row_pad == 0 && offset == 0) {
+        on_lines = first;
       } else {
-        EXPECT_TRUE(same_elements(past_caches, first)) << name(out);
+        EXPECT_TRUE(same_elements(on_lines, first)) << layout;
       }
     }
   }

@@ -81,7 +81,9 @@ struct CallTrace {
   // worker thread for later calls.
   std::int64_t extra_bytes = 0;
   std::int64_t streamed_tasks = 0;  // v2: tasks of a few rows read from unpacked weights
-  bool output_past_caches = false;  // v2: the output was written with non-temporal stores
+  // v2: the output was written with non-temporal stores (when its rows follow each other off
+  // the cache lines, only the whole rows a task writes at once, as tgmm's short groups do)
+  bool output_past_caches = false;
 };
 
 // Options of gmm::gmm and gmm::tgmm.

@@ -68,7 +68,9 @@ struct Product {
   DType out_dtype = DType::f32;
   std::int64_t out_row_stride = 0;
   bool accumulate = false;
-  bool bypass_cache = false;  // the output streams past the caches (see run_product)
+  bool bypass_cache = false;   // the output streams past the caches (see run_product)
+  bool rows_on_lines = false;  // every output row starts on a cache line
+  bool rows_joined = false;    // rows are contiguous, off their lines (see write_whole_rows)
   std::vector<Job> jobs;
   std::vector<AbsmaxTable> tables;
   std::int64_t streamed_tasks = 0;  // tasks run_product gave to run_stream_task
@@ -198,18 +200,61 @@ inline const AbsmaxTable* table(const Product& p, std::int64_t index) {
   return index < 0 ? nullptr : &p.tables[static_cast<std::size_t>(index)];
 }
 
+// Stores whole rows [a0, a1) of C (row a0 first; with ldc 0, the same row of `c` into each) into
+// an output past the caches whose rows follow each other off their cache lines
+// (Product::rows_joined), in whole lines: a line that holds the end of one row and the start of
+// the next is assembled from both and streamed as one; only the first row's start and the last
+// row's end, which share lines with other rows' writers, are stored as usual. Each row stored on
+// its own left two partial lines per row: the skewed fp8 drhs (K = 2048, N = 1408 bf16, 64 groups)
+// into an output 16 bytes off a line took 60-70 ms against 21-22 ms on lines.
+inline void write_whole_rows(const Product& p, const Job& job, std::int64_t a0, std::int64_t a1,
+                             const float* c, std::int64_t ldc) {
+  const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
+  const std::int64_t line_values = kernels::kCacheLineBytes / element;
+  auto* out = static_cast<unsigned char*>(job.out);
+  float joint[kernels::kCacheLineBytes / 2];  // a line of the narrowest output (bf16)
+  for (std::int64_t i = a0; i < a1; ++i) {
+    const float* src = c + (i - a0) * ldc;
+    unsigned char* row = out + i * p.n * element;
+    const auto misaligned =
+        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) % kernels::kCacheLineBytes);
+    const std::int64_t head = (kernels::kCacheLineBytes - misaligned) % kernels::kCacheLineBytes /
+                              element;  // values before the row's first line boundary
+    const std::int64_t lines_end = head + (p.n - head) / line_values * line_values;
+    if (i == a0) p.kit.store_row(src, row, p.out_dtype, head, false, false);
+    p.kit.store_row(src + head, row + head * element, p.out_dtype, lines_end - head, false, true);
+    const std::int64_t tail = p.n - lines_end;
+    if (i + 1 == a1) {
+      p.kit.store_row(src + lines_end, row + lines_end * element, p.out_dtype, tail, false, false);
+    } else if (tail > 0) {  // the next row's head completes the line
+      const float* next = c + (i + 1 - a0) * ldc;
+      std::copy(src + lines_end, src + p.n, joint);
+      std::copy(next, next + (line_values - tail), joint + tail);
+      p.kit.store_row(joint, row + lines_end * element, p.out_dtype, line_values, false, true);
+    }
+  }
+}
+
 // Stores rows [a0, a1) x columns [b0, b0 + cols) of C from their fp32 tile `c` (row a0 first;
 // with ldc 0, the same row of `c` into each) into the output (once rounded for bf16; added when
 // accumulating).
 inline void write_rows(const Product& p, const Job& job, std::int64_t a0, std::int64_t a1,
                        std::int64_t b0, std::int64_t cols, const float* c, std::int64_t ldc) {
   const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
+  if (p.bypass_cache && p.rows_joined && b0 == 0 && cols == p.n) {
+    write_whole_rows(p, job, a0, a1, c, ldc);
+    return;
+  }
+  // a part of joined rows goes through the caches: its ends would be partial lines (the fp8
+  // forward, N = 14336 bf16 in blocks of 512 columns, 16 bytes off the lines: 43 ms through the
+  // caches, 83 past them)
+  const bool bypass = p.bypass_cache && p.rows_on_lines;
   for (std::int64_t i = a0; i < a1; ++i) {
     const float* src = c + (i - a0) * ldc;
     const std::int64_t offset = i * p.out_row_stride + b0;
     if (p.kit.store_row != nullptr) {
       p.kit.store_row(src, static_cast<unsigned char*>(job.out) + offset * element, p.out_dtype,
-                      cols, p.accumulate, p.bypass_cache);
+                      cols, p.accumulate, bypass);
       continue;
     }
     if (p.out_dtype == DType::f32) {
@@ -400,13 +445,13 @@ inline void run_stream_task(const Product& p, const Task& t, Workspace& ws) {
   if (p.bypass_cache) p.kit.store_fence();
 }
 
-// True when a tile's row of the output, nr values, is a whole number of cache lines: with rows
-// that start on lines (run_product's condition for bypassing the caches) and blocks of columns
-// that start at multiples of nr, every tile the output kernel writes is then whole lines.
+// True when the output's rows start on cache lines and a tile's row of the output, nr values, is
+// a whole number of lines: with blocks of columns that start at multiples of nr, every tile the
+// output kernel writes is then whole lines.
 inline bool output_kernel_fits(const Product& p) {
-  return p.kit.format.nr * static_cast<std::int64_t>(size_of(p.out_dtype)) %
-             kernels::kCacheLineBytes ==
-         0;
+  return p.rows_on_lines && p.kit.format.nr * static_cast<std::int64_t>(size_of(p.out_dtype)) %
+                                    kernels::kCacheLineBytes ==
+                                0;
 }
 
 // Lines of a packed panel of `bytes`.
@@ -549,6 +594,13 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     const std::int64_t c_cols =
         kPanelOfCBytes / (f.mr * static_cast<std::int64_t>(sizeof(float))) / f.nr * f.nr;
     block_cols = std::max(block_cols, std::min(kWideBlockBytes / b_panel * f.nr, c_cols));
+    // Rows joined past the caches go out whole (write_whole_rows), so a task of whole rows takes
+    // them in one block while the panel's rows of C stay within kWideBlockBytes (in L2).
+    const bool whole_rows_fit =
+        f.mr * round_up(p.n, f.nr) * static_cast<std::int64_t>(sizeof(float)) <= kWideBlockBytes;
+    if (p.bypass_cache && p.rows_joined && t.n0 == 0 && t.n1 == p.n && whole_rows_fit) {
+      block_cols = p.n;
+    }
   }
 
   // The A block over every chunk, with its per-row scales, packed once when it fits in
@@ -836,16 +888,22 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
   for (const Job& job : p.jobs) {
     out_bytes += (job.a_end - job.a_begin) * p.n * static_cast<std::int64_t>(size_of(p.out_dtype));
   }
-  // Only outputs whose rows start on cache lines: rows that share their end lines with their
-  // neighbours would have those lines written both ways, which costs more than it saves.
-  const std::int64_t row_bytes = p.out_row_stride * static_cast<std::int64_t>(size_of(p.out_dtype));
+  // Only outputs whose rows start on cache lines, or whose rows follow each other off their lines
+  // (write_whole_rows joins them): otherwise each row's end lines are partly written, one way or
+  // the other, and such lines cost far more than they save.
+  const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
+  const std::int64_t row_bytes = p.out_row_stride * element;
   bool rows_on_lines = row_bytes % kernels::kCacheLineBytes == 0;
+  bool rows_joinable = p.out_row_stride == p.n && row_bytes >= 2 * kernels::kCacheLineBytes;
   for (const Job& job : p.jobs) {
-    rows_on_lines =
-        rows_on_lines && reinterpret_cast<std::uintptr_t>(job.out) % kernels::kCacheLineBytes == 0;
+    const auto address = reinterpret_cast<std::uintptr_t>(job.out);
+    rows_on_lines = rows_on_lines && address % kernels::kCacheLineBytes == 0;
+    rows_joinable = rows_joinable && address % static_cast<std::uintptr_t>(element) == 0;
   }
+  p.rows_on_lines = rows_on_lines;
+  p.rows_joined = !rows_on_lines && rows_joinable;
   p.bypass_cache = !p.accumulate && p.kit.store_row != nullptr && p.kit.store_fence != nullptr &&
-                   out_bytes >= kBypassCacheBytes && rows_on_lines;
+                   out_bytes >= kBypassCacheBytes && (p.rows_on_lines || p.rows_joined);
   // absmax scales of in-kernel quantization: one table per side and lane range (consecutive jobs
   // on the same lanes of the same source share it), each block a job touches computed once, in
   // lane chunks
