@@ -436,8 +436,12 @@ GMM_TARGET_AVX512VBMI void pack_b_pairs_lanes(const PanelSource& src, std::int64
   // put all of a step's stores in one L1 set), and the block's source rows stay in L1.
   for (std::int64_t s0 = 0; s0 < steps; s0 += kPackStepBlock) {
     const std::int64_t s1 = std::min(steps, s0 + kPackStepBlock);
+    // the next block's rows, past the chunk's end too (up to the source's depth): the next chunk
+    // of a task packs the same lanes of the rows after it, and its first block came from memory
+    // unprefetched (a few rows over Mixtral's bf16 weights, 2 groups of 8 rows, blocks of 4096
+    // columns and chunks of 64 on the AMX kit, 2 threads: 23.6-25.9 -> 18.9-19.3 ms; fp8 level)
     const std::int64_t ahead0 = k0 + 2 * (s0 + kPackStepBlock);
-    const std::int64_t ahead1 = std::min(k0 + kc, ahead0 + 2 * kPackStepBlock);
+    const std::int64_t ahead1 = std::min(std::max(k0 + kc, src.depth), ahead0 + 2 * kPackStepBlock);
     for (std::int64_t p = 0; p < panels; ++p) {
       const __mmask32 live = first_words(lanes - 32 * p);
       if (!whole_rows && (32 * p * kElement) % 64 == 0) {  // the lines this panel starts
