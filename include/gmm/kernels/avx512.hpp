@@ -608,16 +608,6 @@ GMM_TARGET_AVX512 inline __m512i round_to_bf16_words(__m512 lo, __m512 hi) {
                                    bf16_rounded_lanes(hi_bits));
 }
 
-// Values of `element` bytes from `dst` on (at most n) before the first cache-line boundary: all n
-// when the row's values cannot start on a line.
-inline std::int64_t values_before_line(const void* dst, std::int64_t element, std::int64_t n) {
-  const auto misaligned =
-      static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
-  return misaligned % element != 0
-             ? n
-             : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / element);
-}
-
 // KernelKit::store_row of the AVX-512 paths: 16 values per step, masked at the row's end (bf16
 // rows not added to: 32 values, a cache line, per step through round_to_bf16_words(lo, hi)); with
 // bypass_cache, the whole cache lines of the row stream past the caches (vmovntps / vmovntdq)

@@ -2,6 +2,7 @@
 // GMM_ISA).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -39,6 +40,16 @@ namespace gmm::kernels {
 
 // Bytes of a cache line (x86-64): the unit prefetches fetch and non-temporal stores write whole.
 constexpr std::int64_t kCacheLineBytes = 64;
+
+// Values of `element` bytes from `dst` on (at most n) before the first cache-line boundary: all n
+// when the row's values cannot start on a line.
+inline std::int64_t values_before_line(const void* dst, std::int64_t element, std::int64_t n) {
+  const auto misaligned =
+      static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) % kCacheLineBytes);
+  return misaligned % element != 0
+             ? n
+             : std::min(n, (kCacheLineBytes - misaligned) % kCacheLineBytes / element);
+}
 
 // Prefetches the line at `line` into L2. On x86 an asm statement, not _mm_prefetch: GCC takes
 // __builtin_prefetch for free of side effects, finds a function whose loop only prefetches pure,

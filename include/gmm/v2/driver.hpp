@@ -70,7 +70,7 @@ struct Product {
   bool accumulate = false;
   bool bypass_cache = false;   // the output streams past the caches (see run_product)
   bool rows_on_lines = false;  // every output row starts on a cache line
-  bool rows_joined = false;    // rows are contiguous, off their lines (see write_whole_rows)
+  bool rows_joined = false;    // streamed rows are contiguous, off their lines (write_whole_rows)
   std::vector<Job> jobs;
   std::vector<AbsmaxTable> tables;
   std::int64_t streamed_tasks = 0;  // tasks run_product gave to run_stream_task
@@ -216,10 +216,7 @@ inline void write_whole_rows(const Product& p, const Job& job, std::int64_t a0, 
   for (std::int64_t i = a0; i < a1; ++i) {
     const float* src = c + (i - a0) * ldc;
     unsigned char* row = out + i * p.n * element;
-    const auto misaligned =
-        static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) % kernels::kCacheLineBytes);
-    const std::int64_t head = (kernels::kCacheLineBytes - misaligned) % kernels::kCacheLineBytes /
-                              element;  // values before the row's first line boundary
+    const std::int64_t head = kernels::values_before_line(row, element, p.n);
     const std::int64_t lines_end = head + (p.n - head) / line_values * line_values;
     if (i == a0) p.kit.store_row(src, row, p.out_dtype, head, false, false);
     p.kit.store_row(src + head, row + head * element, p.out_dtype, lines_end - head, false, true);
@@ -241,7 +238,7 @@ inline void write_whole_rows(const Product& p, const Job& job, std::int64_t a0, 
 inline void write_rows(const Product& p, const Job& job, std::int64_t a0, std::int64_t a1,
                        std::int64_t b0, std::int64_t cols, const float* c, std::int64_t ldc) {
   const std::int64_t element = static_cast<std::int64_t>(size_of(p.out_dtype));
-  if (p.bypass_cache && p.rows_joined && b0 == 0 && cols == p.n) {
+  if (p.rows_joined && b0 == 0 && cols == p.n) {
     write_whole_rows(p, job, a0, a1, c, ldc);
     return;
   }
@@ -598,7 +595,7 @@ inline void run_task(const Product& p, const Task& t, Workspace& ws) {
     // them in one block while the panel's rows of C stay within kWideBlockBytes (in L2).
     const bool whole_rows_fit =
         f.mr * round_up(p.n, f.nr) * static_cast<std::int64_t>(sizeof(float)) <= kWideBlockBytes;
-    if (p.bypass_cache && p.rows_joined && t.n0 == 0 && t.n1 == p.n && whole_rows_fit) {
+    if (p.rows_joined && t.n0 == 0 && t.n1 == p.n && whole_rows_fit) {
       block_cols = p.n;
     }
   }
@@ -901,9 +898,9 @@ inline std::int64_t run_product(Product& p, int threads, int* threads_used) {
     rows_joinable = rows_joinable && address % static_cast<std::uintptr_t>(element) == 0;
   }
   p.rows_on_lines = rows_on_lines;
-  p.rows_joined = !rows_on_lines && rows_joinable;
   p.bypass_cache = !p.accumulate && p.kit.store_row != nullptr && p.kit.store_fence != nullptr &&
-                   out_bytes >= kBypassCacheBytes && (p.rows_on_lines || p.rows_joined);
+                   out_bytes >= kBypassCacheBytes && (rows_on_lines || rows_joinable);
+  p.rows_joined = p.bypass_cache && !rows_on_lines;
   // absmax scales of in-kernel quantization: one table per side and lane range (consecutive jobs
   // on the same lanes of the same source share it), each block a job touches computed once, in
   // lane chunks
